@@ -1,0 +1,79 @@
+"""Adapters: the engine's only view of a model.
+
+An adapter scores tokens given an explicit cache. The engine owns the cache object and its length; the adapter
+appends to it on `forward` and cuts it back on `crop`. Nothing else about the model leaks into `decoding/`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+
+class ModelAdapter(Protocol):
+    """A model that scores tokens given an explicit KV cache (batch size 1)."""
+
+    vocab_size: int
+    device: torch.device
+
+    def new_cache(self) -> Any:
+        """Returns an empty cache for one sequence."""
+
+    def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int) -> torch.Tensor:
+        """Appends `input_ids` to the cache and scores the last positions.
+
+        Args:
+            input_ids: `[1, T]` token ids that follow what the cache holds.
+            cache: the cache from `new_cache`, extended in place.
+            num_logits: how many of the last positions need logits (0 for none).
+
+        Returns:
+            `[1, num_logits, V]` float logits; logits `j` predict the token after input position
+            `T - num_logits + j`.
+        """
+
+    def crop(self, cache: Any, length: int) -> None:
+        """Cuts the cache back to its first `length` tokens."""
+
+
+class CausalLMAdapter:
+    """Any transformers causal LM (`AutoModelForCausalLM`) with a croppable `DynamicCache`."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        config = model.config
+        if getattr(config, "is_encoder_decoder", False):
+            raise ValueError(
+                f"{type(model).__name__} is an encoder-decoder model; pass a causal LM "
+                "(AutoModelForCausalLM), or use `asr transcribe` for Whisper"
+            )
+        if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+            raise ValueError(f"{type(model).__name__} has no language-model head; load it with AutoModelForCausalLM")
+        self.model = model
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.device = next(model.parameters()).device
+        self.max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int) -> torch.Tensor:
+        if num_logits == 0:
+            # logits_to_keep=0 means "all" to transformers; keep one and drop it.
+            self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+            return input_ids.new_empty((1, 0, self.vocab_size), dtype=torch.float32)
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=num_logits)
+        return out.logits.float()
+
+    def crop(self, cache: Any, length: int) -> None:
+        crop_cache(cache, length)
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Cuts a transformers cache back to `length` tokens (transformers 5 takes the number to remove, negated)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
