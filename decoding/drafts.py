@@ -99,10 +99,13 @@ class AssistantDraft:
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         # The cache holds the old sequence plus the drafts it was fed; only the accepted ones stay valid.
-        valid = min(self.cache_len, self.base_len + num_accepted, len(tokens) - 1)
-        if valid < self.cache_len:
-            self.assistant.crop(self.cache, valid)
-            self.cache_len = valid
+        self.rewind(min(self.base_len + num_accepted, len(tokens) - 1))
+
+    def rewind(self, length: int) -> None:
+        """Keeps at most the first `length` tokens in the assistant's cache."""
+        if length < self.cache_len:
+            self.assistant.crop(self.cache, length)
+            self.cache_len = length
 
 
 def _fit_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
