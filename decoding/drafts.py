@@ -32,8 +32,9 @@ class Draft:
 class DraftSource(Protocol):
     """Proposes tokens for the model to verify."""
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None) -> None:
-        """Starts a new sequence that begins with `prompt`."""
+    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None,
+              stop_tokens: Sequence[int] = ()) -> None:
+        """Starts a new sequence that begins with `prompt`; drafting stops after any of `stop_tokens`."""
 
     def propose(self, tokens: Sequence[int], max_tokens: int, min_confidence: float | None) -> Draft:
         """Proposes up to `max_tokens` tokens to follow `tokens` (the whole sequence so far)."""
@@ -58,12 +59,15 @@ class AssistantDraft:
         self.base_len = 0
         self.sampling = SamplingOptions()
         self.generator: torch.Generator | None = None
+        self.stop_tokens: set[int] = set()
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None) -> None:
+    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None,
+              stop_tokens: Sequence[int] = ()) -> None:
         self.cache = self.assistant.new_cache()
         self.cache_len = 0
         self.sampling = sampling
         self.generator = generator
+        self.stop_tokens = set(stop_tokens)
 
     @torch.inference_mode()
     def propose(self, tokens: Sequence[int], max_tokens: int, min_confidence: float | None) -> Draft:
@@ -88,6 +92,9 @@ class AssistantDraft:
             drafted.append(token)
             step_input = token.view(1, 1)
             context = torch.cat([context, step_input], dim=1)
+            # Nothing after an end-of-sequence token can be kept: stop there.
+            if self.stop_tokens and int(token) in self.stop_tokens:
+                break
             # The confidence rule keeps the unsure token and stops after it (one host sync per step).
             if top_prob is not None and top_prob.item() < min_confidence:
                 break
@@ -130,7 +137,8 @@ class PromptLookupDraft:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None) -> None:
+    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None,
+              stop_tokens: Sequence[int] = ()) -> None:
         pass
 
     def propose(self, tokens: Sequence[int], max_tokens: int, min_confidence: float | None) -> Draft:

@@ -119,7 +119,7 @@ def generate(
             prompt_logits = logits[0, 0].clone()
             want_prompt_logits = None
     if draft is not None:
-        draft.begin(prompt, sampling, generator)
+        draft.begin(prompt, sampling, generator, options.eos_token_ids)
 
     tokens = prompt
     new_tokens: list[int] = []

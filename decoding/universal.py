@@ -119,10 +119,12 @@ class CrossTokenizerDraft:
         self.window = window
         self.max_length = getattr(assistant, "max_length", None)
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None) -> None:
+    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None,
+              stop_tokens: Sequence[int] = ()) -> None:
         # Drafts are proposals checked as deterministic tokens (one-hot q), which keeps sampling exact;
-        # greedy drafts are the likeliest to be kept.
-        self.inner.begin(prompt, SamplingOptions(), generator)
+        # greedy drafts are the likeliest to be kept. Stop tokens map through the bridge like any special token.
+        mapped = (self.to_assistant.special(t) for t in stop_tokens)
+        self.inner.begin(prompt, SamplingOptions(), generator, [t for t in mapped if t is not None])
         prompt = list(prompt)
         converted = self.assistant_prompt(prompt) if self.assistant_prompt else self.to_assistant.convert(prompt)
         self.prompt_len = len(prompt)

@@ -1,0 +1,222 @@
+"""Assistants for Whisper: every way a smaller or cheaper model can draft for the large one.
+
+1. A decoder reading the model's own encoder output (distil-whisper's `WhisperForCausalLM`, or the model itself).
+2. A full encoder-decoder with the same tokenizer: its encoder runs once per window.
+3. A full encoder-decoder with another tokenizer (Universal Assisted Generation).
+4. A lower-precision copy of the model's decoder (`self:bf16`, `self:int8`), reading the model's encoder output.
+The model always verifies, so the words are the model's whichever is used.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asr.decoder import WhisperDecoderAdapter, encode
+from asr.logit_rules import whisper_filters
+from decoding import AssistantDraft, DraftSource, LogitsFilter
+from decoding.universal import CrossTokenizerDraft
+
+logger = logging.getLogger(__name__)
+
+SELF_PRECISIONS = ("bf16", "int8", "fp16", "fp32")
+
+
+@dataclass
+class WindowContext:
+    """What an assistant needs to know about the window being decoded."""
+
+    features: torch.Tensor  # [1, n_mels, 3000] log-mel features of the window
+    encoder_output: torch.Tensor  # [1, 1500, d_model] the model's encoder output
+    prompt: list[int]  # the model's decoder prompt
+    filters: list[LogitsFilter]  # the model's logit rules for this prompt
+    previous: list[int]  # previous-text tokens in the prompt (model ids)
+    language: str
+    task: str
+    timestamps: bool
+
+
+class SharedEncoderAssistant:
+    """A decoder that reads the model's encoder output: pairings 1 (distil-style, or the model itself) and 4."""
+
+    def __init__(self, name: str, decoder_model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+        self.name = name
+        self.decoder_model = decoder_model
+        self.dtype = dtype
+
+    def for_window(self, window: WindowContext) -> tuple[DraftSource, float]:
+        encoder_output = window.encoder_output
+        if self.dtype is not None and self.dtype != encoder_output.dtype:
+            encoder_output = encoder_output.to(self.dtype)
+        adapter = WhisperDecoderAdapter(self.decoder_model, encoder_output)
+        return AssistantDraft(adapter, window.filters, model_vocab_size=adapter.vocab_size), 0.0
+
+
+class FullAssistant:
+    """A whole Whisper model as assistant; with another tokenizer its drafts go through text (pairings 2, 3)."""
+
+    def __init__(self, name: str, bundle: Any, model_bundle: Any) -> None:
+        self.name = name
+        self.bundle = bundle
+        self.same_tokenizer = bundle.tokenizer.get_vocab() == model_bundle.tokenizer.get_vocab()
+        self.model_tokenizer = model_bundle.tokenizer
+        self.model_eot = model_bundle.special.eot
+
+    def for_window(self, window: WindowContext) -> tuple[DraftSource, float]:
+        start = time.perf_counter()
+        features = window.features
+        if self.bundle.n_mels != features.shape[1]:
+            raise ValueError(f"assistant {self.name} expects {self.bundle.n_mels} mel bins, the model {features.shape[1]}")
+        encoder_output = encode(self.bundle.model, features)
+        seconds = time.perf_counter() - start
+        adapter = WhisperDecoderAdapter(self.bundle.model, encoder_output)
+        if self.same_tokenizer:
+            return AssistantDraft(adapter, window.filters, model_vocab_size=adapter.vocab_size), seconds
+        prompt = self._prompt(window)
+        special = self.bundle.special
+        filters = whisper_filters(
+            suppress_tokens=special.suppress_tokens, begin_suppress_tokens=special.begin_suppress_tokens,
+            sample_begin=len(prompt), timestamps=window.timestamps, eot=special.eot,
+            no_timestamps=special.no_timestamps, timestamp_begin=special.timestamp_begin,
+        )
+        draft = CrossTokenizerDraft(adapter, self.model_tokenizer, self.bundle.tokenizer,
+                                    assistant_prompt=lambda _: prompt, filters=filters)
+        return draft, seconds
+
+    def _prompt(self, window: WindowContext) -> list[int]:
+        """The assistant's own start sequence: English-only models take no language or task tokens."""
+        special = self.bundle.special
+        prompt: list[int] = []
+        if window.previous:
+            text = self.model_tokenizer.decode([t for t in window.previous if t < self.model_eot])
+            prompt = [special.prev] + self.bundle.tokenizer.encode(text, add_special_tokens=False)[-223:]
+        prompt.append(special.sot)
+        if self.bundle.is_multilingual:
+            prompt += [special.languages.get(window.language, special.languages.get("en")),
+                       special.translate if window.task == "translate" else special.transcribe]
+        if not window.timestamps:
+            prompt.append(special.no_timestamps)
+        return prompt
+
+
+def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch.nn.Module, torch.dtype | None]:
+    """A copy of the model's decoder and output head in lower precision; the model itself is left as it is.
+
+    Returns:
+        (a module with `get_decoder()` and `get_output_embeddings()`, the dtype its inputs need, or None).
+    """
+    if precision not in SELF_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} for self; choose one of {', '.join(SELF_PRECISIONS)}")
+    decoder_only = _DecoderCopy(copy.deepcopy(model.get_decoder()), copy.deepcopy(model.get_output_embeddings()),
+                                model.config)
+    device = next(model.parameters()).device
+    if precision == "int8":
+        if device.type != "cpu":
+            raise ValueError("self:int8 uses PyTorch's dynamic int8 kernels, which run on the CPU; use self:bf16 "
+                             "or self:fp16 on a GPU")
+        from torch.ao.quantization import quantize_dynamic
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return quantize_dynamic(decoder_only.float(), {torch.nn.Linear}, dtype=torch.qint8), torch.float32
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    return decoder_only.to(dtype), dtype
+
+
+class _DecoderCopy(torch.nn.Module):
+    """A Whisper decoder and its output head, without the encoder."""
+
+    def __init__(self, decoder: torch.nn.Module, head: torch.nn.Module, config: Any) -> None:
+        super().__init__()
+        self.decoder = decoder
+        self.proj_out = head
+        self.config = config
+
+    def get_decoder(self) -> torch.nn.Module:
+        return self.decoder
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.proj_out
+
+
+def load_decoder_assistant(name: str, model_bundle: Any, *, device: str, dtype: torch.dtype) -> SharedEncoderAssistant:
+    """A distil-whisper style `WhisperForCausalLM` checkpoint (hub id or local folder) reading the model's encoder.
+
+    Raises:
+        ValueError: it cannot be loaded, or it cannot read the model's encoder output.
+    """
+    from transformers import WhisperForCausalLM
+
+    try:
+        decoder = WhisperForCausalLM.from_pretrained(name, dtype=dtype, use_safetensors=True, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot load assistant {name!r}: {str(error).splitlines()[0]}") from None
+    check_pair(model_bundle, decoder.config, name)
+    return SharedEncoderAssistant(name, decoder.to(device).eval())
+
+
+def check_pair(model_bundle: Any, assistant_config: Any, name: str) -> None:
+    """Refuses a decoder that cannot read the model's encoder output or shares no vocabulary with it."""
+    model_config = model_bundle.model.config
+    if assistant_config.d_model != model_config.d_model:
+        raise ValueError(f"assistant {name} has d_model {assistant_config.d_model}, the model's encoder gives "
+                         f"{model_config.d_model}: it cannot share the encoder; pass a full Whisper model instead")
+    if assistant_config.vocab_size != model_config.vocab_size:
+        raise ValueError(f"assistant {name} has a vocabulary of {assistant_config.vocab_size}, the model "
+                         f"{model_config.vocab_size}: a decoder-only assistant needs the model's tokenizer")
+
+
+def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Resolves `--assistant`: none, self[:PRECISION], a registry name, a hub id or a local folder.
+
+    Returns:
+        An assistant with `for_window`, or None for plain decoding.
+
+    Raises:
+        ValueError: an unknown assistant, or one that cannot be paired with the model.
+    """
+    from asr.registry import load_model
+
+    spec = spec.strip()
+    if spec in ("none", ""):
+        return None
+    if spec == "self" or spec.startswith("self:"):
+        precision = spec.partition(":")[2] or "fp32"
+        module, input_dtype = low_precision_decoder(model_bundle.model, precision)
+        return SharedEncoderAssistant(spec, module.eval(), input_dtype)
+    if _is_decoder_only(spec):
+        return load_decoder_assistant(spec, model_bundle, device=device, dtype=dtype)
+    bundle = load_model(spec, device=device, dtype=dtype)
+    assistant = FullAssistant(spec, bundle, model_bundle)
+    if assistant.same_tokenizer and _same_encoder(bundle.model, model_bundle.model):
+        # distil-whisper copies the teacher's encoder: run it once, for both.
+        logger.info("assistant %s has the model's encoder: sharing it", spec)
+        return SharedEncoderAssistant(spec, bundle.model)
+    return assistant
+
+
+def _same_encoder(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """True when two Whisper models have identical encoder weights."""
+    first, second = a.get_encoder().state_dict(), b.get_encoder().state_dict()
+    return first.keys() == second.keys() and all(
+        first[k].shape == second[k].shape and torch.equal(first[k].to(second[k].dtype), second[k]) for k in first)
+
+
+def _is_decoder_only(spec: str) -> bool:
+    """True for a local checkpoint whose architecture is `WhisperForCausalLM` (distil-whisper style)."""
+    config = Path(spec).expanduser() / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return "WhisperForCausalLM" in architectures

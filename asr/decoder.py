@@ -1,0 +1,69 @@
+"""Whisper's encoder and decoder as seen by the generic engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from decoding.adapters import crop_cache
+
+
+class WhisperDecoderAdapter:
+    """A Whisper decoder reading one window's encoder output, with an explicit self-attention cache.
+
+    The cross-attention keys and values are computed on the first call and kept in the cache; cropping cuts
+    only the self-attention part, so rejected drafts never cost a second pass over the encoder output.
+
+    Works for `WhisperForConditionalGeneration` and for decoder-only `WhisperForCausalLM` assistants
+    (distil-whisper style) alike: both expose a decoder and an output projection.
+    """
+
+    def __init__(self, model: torch.nn.Module, encoder_output: torch.Tensor) -> None:
+        self.decoder = model.get_decoder()
+        self.proj_out = model.get_output_embeddings()
+        self.config = model.config
+        self.encoder_output = encoder_output
+        self.vocab_size = int(self.config.vocab_size)
+        self.device = encoder_output.device
+        self.max_length = int(self.config.max_target_positions)
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        return EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int) -> torch.Tensor:
+        hidden = self.decoder(
+            input_ids=input_ids, encoder_hidden_states=self.encoder_output, cache=cache, use_cache=True
+        ).last_hidden_state
+        # The output head (vocab x d) dominates a decoder step on a CPU: apply it only where logits are needed.
+        return self.proj_out(hidden[:, hidden.shape[1] - num_logits:]).float()
+
+    def crop(self, cache: Any, length: int) -> None:
+        crop_cache(cache, length)
+
+
+@torch.inference_mode()
+def encode(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """Runs the encoder on `[batch, n_mels, 3000]` log-mel features; returns `[batch, 1500, d_model]`."""
+    param = next(model.parameters())
+    return model.get_encoder()(features.to(device=param.device, dtype=param.dtype)).last_hidden_state
+
+
+@torch.inference_mode()
+def detect_language(model: torch.nn.Module, encoder_output: torch.Tensor, sot: int,
+                    language_ids: dict[str, int]) -> tuple[str, dict[str, float]]:
+    """Whisper's language detection: the decoder's distribution over language tokens after <|startoftranscript|>.
+
+    Returns:
+        (the most likely language code, probability of every language code).
+    """
+    adapter = WhisperDecoderAdapter(model, encoder_output)
+    logits = adapter.forward(torch.tensor([[sot]], device=adapter.device), adapter.new_cache(), 1)[0, -1]
+    codes = list(language_ids)
+    ids = torch.tensor([language_ids[c] for c in codes], device=logits.device)
+    probs = logits[ids].softmax(-1).tolist()
+    ranked = dict(zip(codes, probs))
+    return max(ranked, key=ranked.get), ranked

@@ -1,0 +1,100 @@
+"""Whisper's rules on the logits (openai-whisper `decoding.py`), as filters for the generic engine.
+
+Every filter handles the logits of several positions at once: row `j` of `[1, P, V]` predicts position
+`L - P + 1 + j` of the `[1, L]` token context, drafts included.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from decoding.filters import LogitsFilter, SuppressTokens
+
+
+class SuppressAtBegin:
+    """At the first sampled position, forbid a blank or end-of-text (openai-whisper's SuppressBlank)."""
+
+    def __init__(self, token_ids: Sequence[int], sample_begin: int) -> None:
+        self.token_ids = list(token_ids)
+        self.sample_begin = sample_begin
+
+    def apply(self, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        first = tokens.shape[1] - logits.shape[1] + 1
+        row = self.sample_begin - first
+        if 0 <= row < logits.shape[1]:
+            logits[0, row, self.token_ids] = -torch.inf
+        return logits
+
+
+class TimestampRules:
+    """Timestamp tokens come in pairs, never decrease, and win when their total probability beats any text token.
+
+    The rules of openai-whisper's ApplyTimestampRules, applied position by position over the checked drafts.
+    """
+
+    def __init__(self, *, sample_begin: int, eot: int, no_timestamps: int, timestamp_begin: int,
+                 max_initial_timestamp_index: int | None = 50) -> None:
+        self.sample_begin = sample_begin
+        self.eot = eot
+        self.no_timestamps = no_timestamps
+        self.timestamp_begin = timestamp_begin
+        self.max_initial_timestamp_index = max_initial_timestamp_index
+
+    def apply(self, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        ts = self.timestamp_begin
+        positions = logits.shape[1]
+        first = tokens.shape[1] - positions + 1
+        context = tokens[0].tolist()
+        rows = logits[0]
+        rows[:, self.no_timestamps] = -torch.inf
+        for j in range(positions):
+            sampled = context[self.sample_begin: first + j]
+            row = rows[j]
+            if not sampled:
+                # The first token is a timestamp, and not later than max_initial_timestamp.
+                row[:ts] = -torch.inf
+                if self.max_initial_timestamp_index is not None:
+                    row[ts + self.max_initial_timestamp_index + 1:] = -torch.inf
+                continue
+            last_was_timestamp = sampled[-1] >= ts
+            penultimate_was_timestamp = len(sampled) < 2 or sampled[-2] >= ts
+            if last_was_timestamp:
+                if penultimate_was_timestamp:
+                    row[ts:] = -torch.inf
+                else:
+                    row[: self.eot] = -torch.inf
+            last_timestamp = next((t for t in reversed(sampled) if t >= ts), None)
+            if last_timestamp is not None:
+                # Timestamps never decrease, and a segment has non-zero length.
+                bound = last_timestamp if last_was_timestamp and not penultimate_was_timestamp else last_timestamp + 1
+                row[ts:bound] = -torch.inf
+        # When the timestamps together outweigh the best text token, a timestamp must come (no host sync).
+        logprobs = torch.log_softmax(rows.float(), dim=-1)
+        timestamp_mass = logprobs[:, ts:].logsumexp(-1)
+        best_text = logprobs[:, :ts].max(-1).values
+        force = (timestamp_mass > best_text).unsqueeze(-1)
+        text_part = rows[:, :ts]
+        rows[:, :ts] = torch.where(force, torch.full_like(text_part, -torch.inf), text_part)
+        return logits
+
+
+def whisper_filters(
+    *,
+    suppress_tokens: Sequence[int],
+    begin_suppress_tokens: Sequence[int],
+    sample_begin: int,
+    timestamps: bool,
+    eot: int,
+    no_timestamps: int,
+    timestamp_begin: int,
+    max_initial_timestamp_index: int | None = 50,
+) -> list[LogitsFilter]:
+    """The filters openai-whisper applies, in its order: blank at begin, suppressed tokens, timestamp rules."""
+    filters: list[LogitsFilter] = [SuppressAtBegin(begin_suppress_tokens, sample_begin), SuppressTokens(suppress_tokens)]
+    if timestamps:
+        filters.append(TimestampRules(sample_begin=sample_begin, eot=eot, no_timestamps=no_timestamps,
+                                      timestamp_begin=timestamp_begin,
+                                      max_initial_timestamp_index=max_initial_timestamp_index))
+    return filters

@@ -1,0 +1,100 @@
+"""Results of a transcription: segments, text, language and statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from decoding.stats import GenerationStats
+
+
+@dataclass
+class Word:
+    """One word with its time span (seconds) and the model's probability for it."""
+
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+@dataclass
+class Segment:
+    """A stretch of speech, with openai-whisper's fields."""
+
+    id: int
+    # Start of the 30 s window the segment was decoded in, in frames of 10 ms.
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: list[Word] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.words is None:
+            del data["words"]
+        return data
+
+
+@dataclass
+class TranscriptionStats:
+    """Where the time went, and what the model and the assistant did."""
+
+    generation: GenerationStats = field(default_factory=GenerationStats)
+    # Length of the audio, and the number of 30 s windows decoded (temperature fallbacks count once).
+    audio_seconds: float = 0.0
+    windows: int = 0
+    # Encoder passes (model and assistant), decoding, and the whole call, feature extraction included.
+    encode_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: processing time / audio time (lower is faster)."""
+        return self.total_seconds / self.audio_seconds if self.audio_seconds else 0.0
+
+    def add(self, other: "TranscriptionStats") -> None:
+        """Accumulates another transcription's statistics into this one."""
+        self.generation.add(other.generation)
+        for name in ("audio_seconds", "windows", "encode_seconds", "decode_seconds", "total_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.generation.to_dict()
+        data.pop("total_seconds")
+        data.update(
+            audio_seconds=round(self.audio_seconds, 3),
+            windows=self.windows,
+            encode_seconds=round(self.encode_seconds, 4),
+            decode_seconds=round(self.decode_seconds, 4),
+            total_seconds=round(self.total_seconds, 4),
+            rtf=round(self.rtf, 4),
+        )
+        return data
+
+
+@dataclass
+class Transcript:
+    """The result of `transcribe`."""
+
+    text: str
+    language: str
+    segments: list[Segment]
+    stats: TranscriptionStats
+    # Probability of each language code when it was detected (None when given or English-only).
+    language_probs: dict[str, float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "language": self.language,
+            "segments": [s.to_dict() for s in self.segments],
+            "stats": self.stats.to_dict(),
+        }

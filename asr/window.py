@@ -1,0 +1,119 @@
+"""Decoding one 30 s window, with openai-whisper's temperature fallback."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from decoding import DraftSource, GenerationOptions, GenerationStats, LogitsFilter, SamplingOptions, generate
+from decoding.adapters import ModelAdapter
+
+
+@dataclass
+class WindowResult:
+    """The accepted decoding of one window (openai-whisper's DecodingResult)."""
+
+    # Generated tokens, end-of-text excluded (timestamps included).
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+@dataclass(frozen=True)
+class FallbackRules:
+    """When a window is decoded again at a higher temperature."""
+
+    temperatures: tuple[float, ...]
+    compression_ratio_threshold: float | None
+    logprob_threshold: float | None
+    no_speech_threshold: float | None
+
+    def needs_fallback(self, result: WindowResult) -> bool:
+        """openai-whisper's checks: too repetitive or too unsure, unless the window is silence."""
+        too_repetitive = (self.compression_ratio_threshold is not None
+                          and result.compression_ratio > self.compression_ratio_threshold)
+        too_unsure = self.logprob_threshold is not None and result.avg_logprob < self.logprob_threshold
+        silent = (self.no_speech_threshold is not None and result.no_speech_prob > self.no_speech_threshold
+                  and too_unsure)
+        return (too_repetitive or too_unsure) and not silent
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes of the text over bytes of its zlib compression: high for repetitive text."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def decode_with_fallback(
+    model: ModelAdapter,
+    prompt: Sequence[int],
+    *,
+    rules: FallbackRules,
+    filters: Sequence[LogitsFilter],
+    draft: DraftSource | None,
+    eot: int,
+    no_speech: int | None,
+    sot_index: int,
+    decode_text: Callable[[list[int]], str],
+    max_new_tokens: int,
+    schedule: str,
+    num_assistant_tokens: int,
+    seed: int | None,
+    stats: GenerationStats,
+) -> WindowResult:
+    """Decodes a window at each temperature in turn until the result passes the checks.
+
+    Args:
+        model: the model's decoder adapter for this window.
+        prompt: previous-text tokens and the start-of-transcript sequence.
+        rules: temperatures and thresholds.
+        filters: Whisper's logit rules for this prompt.
+        draft: the assistant's draft source for this window (reused across temperatures), or None.
+        eot: end-of-text id.
+        no_speech: the no-speech token id, whose probability at `sot_index` flags silence.
+        sot_index: position of <|startoftranscript|> in the prompt.
+        decode_text: tokens -> text, for the compression check.
+        max_new_tokens: most tokens in one window.
+        schedule, num_assistant_tokens: drafting options.
+        seed: seed for sampled attempts.
+        stats: accumulates every attempt's statistics.
+
+    Returns:
+        The last attempt: the first that passed, or the one at the highest temperature.
+    """
+    result = None
+    for temperature in rules.temperatures:
+        options = GenerationOptions(
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=(eot,),
+            max_length=getattr(model, "max_length", None),
+            sampling=SamplingOptions(temperature=temperature),
+            seed=seed,
+            schedule=schedule,
+            num_assistant_tokens=num_assistant_tokens,
+            prompt_logits_at=sot_index,
+        )
+        generated = generate(model, prompt, options, draft=draft, filters=filters)
+        stats.add(generated.stats)
+        tokens = generated.tokens[:-1] if generated.finished else generated.tokens
+        # openai-whisper divides by the token count plus one: the end-of-text token's log-probability is included.
+        avg_logprob = sum(generated.logprobs) / (len(tokens) + 1)
+        no_speech_prob = 0.0
+        if no_speech is not None and generated.prompt_logits is not None:
+            no_speech_prob = generated.prompt_logits.float().softmax(-1)[no_speech].item()
+        text = decode_text([t for t in tokens if t < eot])
+        result = WindowResult(tokens, temperature, avg_logprob, compression_ratio(text), no_speech_prob)
+        if not rules.needs_fallback(result):
+            break
+    assert result is not None  # temperatures is never empty (checked by TranscribeOptions)
+    return result
+
+
+def no_speech_skip(result: WindowResult, rules: FallbackRules) -> bool:
+    """openai-whisper skips a window as silence when no-speech is likely and the text is unsure."""
+    if rules.no_speech_threshold is None or result.no_speech_prob <= rules.no_speech_threshold:
+        return False
+    return not (rules.logprob_threshold is not None and result.avg_logprob > rules.logprob_threshold)

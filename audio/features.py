@@ -1,0 +1,74 @@
+"""Whisper's log-mel features for 30 s windows, computed by transformers' ``WhisperFeatureExtractor``."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+import torch
+from transformers import WhisperFeatureExtractor
+
+from audio.load import SAMPLE_RATE
+
+logger = logging.getLogger(__name__)
+
+N_FFT = 400
+HOP_LENGTH = 160
+CHUNK_LENGTH = 30  # seconds in one Whisper window
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in one window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in one window
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 frames: 10 ms each
+
+def pad_or_trim(audio: np.ndarray, length: int = N_SAMPLES) -> np.ndarray:
+    """Zero-pad or cut samples to exactly ``length`` along the last axis.
+
+    Args:
+        audio: Samples ``[..., n_samples]``.
+        length: The length to return.
+
+    Returns:
+        ``audio`` itself when it already has ``length`` samples, else a new array ``[..., length]``.
+    """
+    n_samples = audio.shape[-1]
+    if n_samples > length:
+        return audio[..., :length]
+    if n_samples < length:
+        widths = [(0, 0)] * (audio.ndim - 1) + [(0, length - n_samples)]
+        return np.pad(audio, widths)
+    return audio
+
+
+@functools.lru_cache(maxsize=None)
+def _extractor(n_mels: int) -> WhisperFeatureExtractor:
+    # Building the mel filter bank takes a few ms; one extractor per n_mels serves every call.
+    return WhisperFeatureExtractor(feature_size=n_mels, sampling_rate=SAMPLE_RATE, hop_length=HOP_LENGTH,
+                                   chunk_length=CHUNK_LENGTH, n_fft=N_FFT)
+
+
+def log_mel(audio: np.ndarray | list[np.ndarray], n_mels: int = 80, device: str = "cpu") -> torch.Tensor:
+    """Whisper's log-mel spectrogram of one or several clips, each zero-padded or cut to 30 s.
+
+    Args:
+        audio: Mono 16 kHz samples ``[n_samples]``, a batch ``[batch, n_samples]``, or a list of 1-D arrays of
+            any lengths.
+        n_mels: Mel bins: 80, or 128 for large-v3 and turbo (the model config's ``num_mel_bins``).
+        device: Where the STFT runs (``"cuda"`` is faster for big batches); the result is on the CPU.
+
+    Returns:
+        Features ``[batch, n_mels, 3000]``, float32, on the CPU.
+
+    Raises:
+        ValueError: ``n_mels`` is not a positive integer, or ``audio`` holds no clip.
+    """
+    if not isinstance(n_mels, int) or n_mels <= 0:
+        raise ValueError(f"n_mels must be a positive integer (80, or 128 for large-v3), got {n_mels!r}")
+    clips = [audio] if isinstance(audio, np.ndarray) and audio.ndim == 1 else list(audio)
+    if not clips:
+        raise ValueError("log_mel needs at least one clip, got none")
+    # Pad and cut here rather than in the extractor: one [batch, N_SAMPLES] float32 array skips its
+    # per-clip padding code, and the result is the same.
+    batch = np.stack([pad_or_trim(np.asarray(clip, dtype=np.float32)) for clip in clips])
+    features = _extractor(n_mels)(batch, sampling_rate=SAMPLE_RATE, padding=False, truncation=False,
+                                  return_tensors="np", device=device)["input_features"]
+    return torch.from_numpy(features)
