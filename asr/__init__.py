@@ -1,0 +1,29 @@
+"""Whisper speech recognition with assisted decoding: the large model's words, faster.
+
+    from asr import load_model, transcribe
+    bundle = load_model("base")
+    print(transcribe(bundle, "speech.flac").text)
+"""
+
+__all__ = ["TranscribeOptions", "load_model", "make_assistant", "transcribe"]
+
+
+def __getattr__(name: str):
+    # Lazy, so `asr --help` answers without importing torch and transformers.
+    if name == "load_model":
+        from asr.registry import load_model
+
+        return load_model
+    if name == "transcribe":
+        from asr.transcribe import transcribe
+
+        return transcribe
+    if name == "TranscribeOptions":
+        from asr.options import TranscribeOptions
+
+        return TranscribeOptions
+    if name == "make_assistant":
+        from asr.assistants import make_assistant
+
+        return make_assistant
+    raise AttributeError(name)

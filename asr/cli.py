@@ -1,0 +1,168 @@
+"""The `asr` command line: a thin layer over library calls. Heavy imports live inside the commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _setup(device: str, dtype: str, threads: int | None):
+    """Resolves --device/--dtype/--threads into torch settings; returns (device, torch dtype)."""
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+    if threads is not None:
+        if threads < 1:
+            raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
+        torch.set_num_threads(threads)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
+    elif device == "mps" and not torch.backends.mps.is_available():
+        raise click.BadParameter("MPS is not available on this machine", param_hint="--device")
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else "float16"
+    return device, getattr(torch, dtype)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Whisper transcription sped up by assisted decoding, with the large model's exact words."""
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.option("--model", default="base", show_default=True, help="Model name (see `asr models`), hub id or folder.")
+@click.option("--assistant", default="none", show_default=True,
+              help="none, auto, self:bf16, self:int8, a model name, hub id or folder.")
+@click.option("--language", default=None, help="Spoken language code or name (default: detect).")
+@click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True)
+@click.option("--output-format", "-f", default="txt", show_default=True,
+              type=click.Choice(["txt", "srt", "vtt", "tsv", "json", "all"]))
+@click.option("--output-dir", "-o", default=None, type=click.Path(file_okay=False),
+              help="Write DIR/<name>.<format>; without it the text goes to stdout.")
+@click.option("--without-timestamps", is_flag=True, help="Decode without timestamp tokens (audio up to 30 s only).")
+@click.option("--word-timestamps", is_flag=True, help="Add word-level times (alignment heads and DTW).")
+@click.option("--initial-prompt", default=None, help="Text that comes before the first window.")
+@click.option("--temperature", "temperatures", default="0,0.2,0.4,0.6,0.8,1.0", show_default=True,
+              help="Temperatures tried in turn when a window fails the fallback checks.")
+@click.option("--no-condition-on-previous-text", is_flag=True, help="Decode each window without the previous text.")
+@click.option("--schedule", type=click.Choice(["heuristic", "constant", "confidence"]), default="heuristic",
+              show_default=True, help="How many tokens the assistant drafts per round.")
+@click.option("--num-assistant-tokens", default=5, show_default=True, type=int, help="Drafts per round (start).")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
+              help="Model precision (auto: float32 on CPU, float16 on GPU).")
+@click.option("--threads", type=int, default=None, help="Torch CPU threads.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def transcribe(files, model, assistant, language, task, output_format, output_dir, without_timestamps,
+               word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, schedule,
+               num_assistant_tokens, device, dtype, threads, quiet) -> None:
+    """Transcribe (or translate) audio FILES of any length."""
+    from asr.api import TranscribeOptions, load_pair, transcribe_file
+    from asr.writers import output_formats, write_outputs
+
+    device, torch_dtype = _setup(device, dtype, threads)
+    try:
+        options = TranscribeOptions(
+            language=language, task=task, timestamps=not without_timestamps, word_timestamps=word_timestamps,
+            initial_prompt=initial_prompt, temperatures=_floats(temperatures, "--temperature"),
+            condition_on_previous_text=not no_condition_on_previous_text, schedule=schedule,
+            num_assistant_tokens=num_assistant_tokens,
+        )
+        formats = output_formats(output_format)
+        bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    failures = 0
+    for path in files:
+        try:
+            transcript = transcribe_file(bundle, path, options, helper, show_progress=not quiet)
+        except ValueError as error:  # AudioError and option errors: one line, then the next file
+            click.echo(f"error: {error}", err=True)
+            failures += 1
+            continue
+        if output_dir is not None:
+            write_outputs(transcript, path, output_dir, formats)
+        elif output_format == "json":
+            click.echo(json.dumps(transcript.to_dict(), ensure_ascii=False))
+        else:
+            click.echo(transcript.text.strip())
+    if failures:
+        click.echo(f"{failures} of {len(files)} file(s) failed", err=True)
+        sys.exit(1)
+
+
+@main.command()
+def models() -> None:
+    """List known model names: what each resolves to, whether installed and converted."""
+    from asr.registry import known_models
+
+    rows = [(m.name, "yes" if m.installed else "no", "yes" if m.cached else "no", m.resolves_to)
+            for m in known_models()]
+    width = max(len(r[0]) for r in rows)
+    click.echo(f"{'name':<{width}}  installed  cached  source")
+    for name, installed, cached, source in rows:
+        click.echo(f"{name:<{width}}  {installed:<9}  {cached:<6}  {source}")
+
+
+@main.command()
+@click.option("--model", required=True, help="Causal LM: local folder or hub id.")
+@click.option("--assistant", default=None, help="Assistant causal LM (same or different tokenizer).")
+@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy.")
+@click.option("--top-k", default=None, type=int)
+@click.option("--top-p", default=None, type=float)
+@click.option("--seed", default=None, type=int, help="Seed for sampling.")
+@click.option("--num-assistant-tokens", default=5, show_default=True, type=int)
+@click.option("--schedule", type=click.Choice(["heuristic", "constant", "confidence"]), default="heuristic",
+              show_default=True)
+@click.option("--prompt-lookup", is_flag=True, help="Draft by n-gram lookup in the text instead of an assistant.")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True)
+@click.option("--threads", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print tokens, text and stats as one JSON object.")
+def generate(model, assistant, prompt, max_new_tokens, temperature, top_k, top_p, seed, num_assistant_tokens,
+             schedule, prompt_lookup, device, dtype, threads, as_json) -> None:
+    """Assisted generation for a causal text LM (plain decoding without --assistant)."""
+    from decoding import GenerationOptions, SamplingOptions
+    from decoding.text import generate_text, load_text_model
+
+    device, torch_dtype = _setup(device, dtype, threads)
+    try:
+        options = GenerationOptions(
+            max_new_tokens=max_new_tokens, sampling=SamplingOptions(temperature, top_k, top_p), seed=seed,
+            schedule=schedule, num_assistant_tokens=num_assistant_tokens,
+        )
+        if assistant is not None and prompt_lookup:
+            raise ValueError("choose either --assistant or --prompt-lookup, not both")
+        text_model = load_text_model(model, device=device, dtype=torch_dtype)
+        helper = load_text_model(assistant, device=device, dtype=torch_dtype) if assistant else None
+        result, text = generate_text(text_model, prompt, options, helper, prompt_lookup)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    if as_json:
+        click.echo(json.dumps({"tokens": result.tokens, "text": text, "stats": result.stats.to_dict()},
+                              ensure_ascii=False))
+    else:
+        click.echo(text)
+
+
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option) from None
+
+
+if __name__ == "__main__":
+    main()
