@@ -27,6 +27,9 @@ class TranscribeOptions:
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
+    # Skip a window whose peak level is below this (dBFS) without decoding: digital silence holds no speech,
+    # yet Whisper tends to invent " you" there, and its no-speech guard lets it through. None: decode everything.
+    silence_threshold_db: float | None = -60.0
     # Most tokens decoded in one window (openai-whisper: half the decoder's context).
     max_new_tokens: int = 224
     # Drafting: schedule (heuristic, constant, confidence) and its starting k.

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from asr.assistants import WindowContext
+from asr.alignment import add_word_timestamps
 from asr.decoder import WhisperDecoderAdapter, detect_language, encode
 from asr.logit_rules import whisper_filters
 from asr.options import TranscribeOptions
@@ -84,87 +85,122 @@ def transcribe(
         ValueError: options the model cannot honour (an unknown language, translation with an English-only model).
     """
     start = time.perf_counter()
-    special = bundle.special
     language = resolve_language(options.language, bundle)
     if options.task == "translate" and not bundle.is_multilingual:
         raise ValueError(f"model {bundle.name} is English-only; it cannot translate")
     samples = load_audio(audio)
     stats = TranscriptionStats(audio_seconds=len(samples) / SAMPLE_RATE)
-    model = bundle.model
+    windows = _WindowDecoder(bundle, options, assistant, stats, language)
     tokenizer = bundle.tokenizer
-    rules = FallbackRules(options.temperatures, options.compression_ratio_threshold, options.logprob_threshold,
-                          options.no_speech_threshold)
-
-    def decode_text(tokens: list[int]) -> str:
-        return tokenizer.decode(tokens)
 
     all_tokens: list[int] = []
     if options.initial_prompt:
         all_tokens = tokenizer.encode(" " + options.initial_prompt.strip(), add_special_tokens=False)
     prompt_reset_since = 0
     segments: list[Segment] = []
-    language_probs = None
     content_frames = len(samples) // HOP_LENGTH
     seek = 0
     while seek < content_frames:
-        time_offset = seek * HOP_LENGTH / SAMPLE_RATE
         window = samples[seek * HOP_LENGTH: seek * HOP_LENGTH + N_SAMPLES]
         segment_size = min(N_FRAMES, content_frames - seek)
-        segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
+        advance = segment_size
+        if not _is_silent(window[: segment_size * HOP_LENGTH], options.silence_threshold_db):
+            previous = _previous_text(all_tokens[prompt_reset_since:], bundle)
+            window_segments, advance, temperature = windows.decode(window, previous, seek, segment_size)
+            for segment in window_segments:
+                segment.id = len(segments)
+                segments.append(segment)
+                all_tokens.extend(segment.tokens)
+            if not options.condition_on_previous_text or temperature > 0.5:
+                # A hot fallback means the previous text may be off; don't let it steer the next window.
+                prompt_reset_since = len(all_tokens)
+        seek += advance
+        if progress is not None:
+            progress(min(seek, content_frames) * HOP_LENGTH / SAMPLE_RATE, stats.audio_seconds)
+
+    stats.total_seconds = time.perf_counter() - start
+    text = "".join(segment.text for segment in segments)
+    return Transcript(text, windows.language or "en", segments, stats, windows.language_probs)
+
+
+class _WindowDecoder:
+    """Decodes one 30 s window at a time: encoder, language detection, assisted decoding, segments, words."""
+
+    def __init__(self, bundle, options: TranscribeOptions, assistant: WindowAssistant | None,
+                 stats: TranscriptionStats, language: str | None) -> None:
+        self.bundle = bundle
+        self.options = options
+        self.assistant = assistant
+        self.stats = stats
+        self.language = language
+        self.language_probs: dict[str, float] | None = None
+        self.rules = FallbackRules(options.temperatures, options.compression_ratio_threshold,
+                                   options.logprob_threshold, options.no_speech_threshold)
+
+    def decode_text(self, tokens: list[int]) -> str:
+        return self.bundle.tokenizer.decode(tokens)
+
+    def decode(self, window: np.ndarray, previous: list[int], seek: int,
+               segment_size: int) -> tuple[list[Segment], int, float]:
+        """Returns the window's segments, how many mel frames to advance, and the temperature that was kept."""
+        bundle, options, special, stats = self.bundle, self.options, self.bundle.special, self.stats
 
         # 1. Encode the window once, for the model and (when it shares the encoder) the assistant.
         t = time.perf_counter()
         features = log_mel(window, bundle.n_mels)
-        encoder_output = encode(model, features)
+        encoder_output = encode(bundle.model, features)
         stats.encode_seconds += time.perf_counter() - t
-        if language is None:
-            language, language_probs = detect_language(model, encoder_output, special.sot, special.languages)
-            logger.info("detected language %s (p=%.2f)", language, language_probs[language])
+        if self.language is None:
+            self.language, self.language_probs = detect_language(bundle.model, encoder_output, special.sot,
+                                                                 special.languages)
+            logger.info("detected language %s (p=%.2f)", self.language, self.language_probs[self.language])
 
         # 2. Decode with fallback, conditioned on the previous text; the assistant drafts (its encoder runs once).
-        previous = _previous_text(all_tokens[prompt_reset_since:], bundle)
-        prompt, sot_index = _prompt(bundle, language, options, previous)
+        prompt, sot_index = _prompt(bundle, self.language, options, previous)
         filters = whisper_filters(
             suppress_tokens=special.suppress_tokens, begin_suppress_tokens=special.begin_suppress_tokens,
             sample_begin=len(prompt), timestamps=options.timestamps, eot=special.eot,
             no_timestamps=special.no_timestamps, timestamp_begin=special.timestamp_begin,
         )
         draft = None
-        if assistant is not None:
-            draft, assistant_encode_seconds = assistant.for_window(WindowContext(
-                features, encoder_output, prompt, filters, previous, language, options.task, options.timestamps))
+        if self.assistant is not None:
+            draft, assistant_encode_seconds = self.assistant.for_window(WindowContext(
+                features, encoder_output, prompt, filters, previous, self.language, options.task, options.timestamps))
             stats.encode_seconds += assistant_encode_seconds
         t = time.perf_counter()
         result = decode_with_fallback(
-            WhisperDecoderAdapter(model, encoder_output), prompt, rules=rules, filters=filters, draft=draft,
-            eot=special.eot, no_speech=special.no_speech, sot_index=sot_index, decode_text=decode_text,
-            max_new_tokens=options.max_new_tokens, schedule=options.schedule,
+            WhisperDecoderAdapter(bundle.model, encoder_output), prompt, rules=self.rules, filters=filters,
+            draft=draft, eot=special.eot, no_speech=special.no_speech, sot_index=sot_index,
+            decode_text=self.decode_text, max_new_tokens=options.max_new_tokens, schedule=options.schedule,
             num_assistant_tokens=options.num_assistant_tokens,
             seed=None if options.seed is None else options.seed + seek, stats=stats.generation,
         )
         stats.decode_seconds += time.perf_counter() - t
         stats.windows += 1
+        if no_speech_skip(result, self.rules):
+            return [], segment_size, result.temperature
 
-        # 3. Cut the window into segments and move on.
-        if no_speech_skip(result, rules):
-            seek += segment_size
-        else:
-            window_segments, advance = _split_segments(result, special.timestamp_begin, special.eot, seek,
-                                                        time_offset, segment_size, segment_duration, decode_text)
-            seek += advance
-            for segment in window_segments:
-                segment.id = len(segments)
-                segments.append(segment)
-                all_tokens.extend(segment.tokens)
-            if not options.condition_on_previous_text or result.temperature > 0.5:
-                # A hot fallback means the previous text may be off; don't let it steer the next window.
-                prompt_reset_since = len(all_tokens)
-        if progress is not None:
-            progress(min(seek, content_frames) * HOP_LENGTH / SAMPLE_RATE, stats.audio_seconds)
+        # 3. Cut the window into segments; word times come from one more pass of the model over the final tokens.
+        time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+        segments, advance = _split_segments(result, special.timestamp_begin, special.eot, seek, time_offset,
+                                            segment_size, segment_size * HOP_LENGTH / SAMPLE_RATE, self.decode_text)
+        if options.word_timestamps and segments:
+            t = time.perf_counter()
+            add_word_timestamps(
+                segments, model=bundle.model, tokenizer=bundle.tokenizer, encoder_output=encoder_output,
+                start_sequence=prompt[sot_index:] + [special.no_timestamps],  # word times need timestamps on
+                eot=special.eot, num_frames=segment_size, time_offset=time_offset,
+                alignment_heads=bundle.alignment_heads, language=self.language,
+            )
+            stats.decode_seconds += time.perf_counter() - t
+        return segments, advance, result.temperature
 
-    stats.total_seconds = time.perf_counter() - start
-    text = "".join(segment.text for segment in segments)
-    return Transcript(text, language or "en", segments, stats, language_probs)
+
+def _is_silent(samples: np.ndarray, threshold_db: float | None) -> bool:
+    """True when the samples never reach `threshold_db` dBFS."""
+    if threshold_db is None or samples.size == 0:
+        return threshold_db is not None
+    return float(np.abs(samples).max()) < 10.0 ** (threshold_db / 20.0)
 
 
 def _previous_text(tokens: list[int], bundle) -> list[int]:

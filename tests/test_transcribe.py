@@ -1,0 +1,113 @@
+"""Transcription with the real base model: golden clips, WER, long-form invariants, language, silence."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from asr.options import TranscribeOptions
+from asr.transcribe import transcribe
+from audio import SAMPLE_RATE, load_audio
+from eval.normalize import normalize
+from eval.wer import error_counts
+from tests.conftest import SAMPLES, evaldata, manifest
+
+JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+
+pytestmark = pytest.mark.slow
+
+
+def test_jfk_gives_the_reference_sentence(base) -> None:
+    result = transcribe(base, str(evaldata("clips", "jfk.flac")))
+    assert result.text.strip() == JFK
+    assert result.language == "en"
+    stats = result.stats.to_dict()
+    # Every kept token was generated, plus the end-of-text token of the window.
+    assert stats["generated_tokens"] == sum(len(s.tokens) for s in result.segments) + 1
+    assert stats["model_forward_passes"] == stats["generated_tokens"] + 1  # prefill + one pass per token
+    assert stats["assistant_forward_passes"] == 0 and stats["drafted_tokens"] == 0
+    assert stats["encode_seconds"] > 0 and stats["decode_seconds"] > 0
+    assert stats["total_seconds"] >= stats["encode_seconds"] + stats["decode_seconds"] * 0.99
+
+
+def test_without_timestamps_gives_the_same_sentence(base) -> None:
+    result = transcribe(base, str(evaldata("clips", "jfk.flac")), TranscribeOptions(timestamps=False))
+    assert normalize(result.text) == normalize(JFK)
+    assert len(result.segments) == 1 and result.segments[0].start == 0.0
+
+
+def _sample_rows() -> list[dict]:
+    lines = (SAMPLES / "manifest.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+@pytest.mark.parametrize("row", _sample_rows(), ids=lambda r: r["audio"])
+def test_bundled_samples_match_their_golden_text(base, row: dict) -> None:
+    result = transcribe(base, str(SAMPLES / row["audio"]))
+    assert normalize(result.text) == normalize(row["text"])
+
+
+def english_short_clips() -> list[dict]:
+    rows = manifest("librispeech") + manifest("ljspeech")
+    rows += [r for r in manifest("clips") if r.get("eval_use") == "wer"]
+    rows += [r for r in manifest("fleurs") if r["language"] == "en"]
+    return [r for r in rows if r["duration_s"] <= 30.0]
+
+
+def test_wer_on_the_english_clips_is_at_most_8_percent(base) -> None:
+    rows = english_short_clips()
+    assert len(rows) == 59
+    hypotheses = [transcribe(base, r["path"], TranscribeOptions(language="en")).text for r in rows]
+    counts = error_counts([r["text"] for r in rows], hypotheses)
+    print(f"WER on {len(rows)} English clips: {counts.rate:.2%} ({counts})")
+    assert counts.rate <= 0.08
+
+
+def test_segments_increase_and_stay_inside_long_audio(base) -> None:
+    audio = load_audio(evaldata("longform", "voxpopuli-en-000.ogg"))
+    duration = len(audio) / SAMPLE_RATE
+    result = transcribe(base, audio)
+    assert result.stats.windows >= 3
+    previous_end = 0.0
+    for segment in result.segments:
+        assert previous_end - 0.01 <= segment.start < segment.end <= duration + 0.01
+        previous_end = segment.end
+    counts = error_counts([_reference("voxpopuli-en-000.ogg")], [result.text])
+    assert counts.rate < 0.2
+
+
+def _reference(audio_name: str) -> str:
+    return next(r for r in manifest("longform") if r["audio"] == audio_name)["text"]
+
+
+def test_silence_and_noise_give_no_text(base) -> None:
+    silence = np.zeros(SAMPLE_RATE * 5, dtype=np.float32)
+    noise = np.random.default_rng(0).normal(0, 0.05, SAMPLE_RATE * 5).astype(np.float32)
+    assert transcribe(base, silence).text.strip() == ""
+    assert transcribe(base, noise).text.strip() == ""
+
+
+def test_language_is_detected_on_tagged_clips(base) -> None:
+    rows = [r for r in manifest("fleurs") if r["language"] != "en"][::2]
+    rows += [r for r in manifest("multilingual") if "langid" in r.get("eval_use", "") and "+" not in r["language"]]
+    right = 0
+    for row in rows:
+        result = transcribe(base, row["path"], TranscribeOptions(max_new_tokens=1, temperatures=(0.0,)))
+        right += result.language == row["language"]
+    assert right / len(rows) >= 0.9, f"{right} of {len(rows)}"
+
+
+def test_translation_of_german_gives_english(base) -> None:
+    row = next(r for r in manifest("fleurs") if r["language"] == "de")
+    result = transcribe(base, row["path"], TranscribeOptions(task="translate", language="de"))
+    words = set(normalize(result.text).split())
+    assert {"the", "and", "of", "is", "to", "a", "in"} & words, result.text
+
+
+def test_unknown_language_and_english_only_translation_are_refused(base, tiny_en) -> None:
+    with pytest.raises(ValueError, match="unknown language"):
+        transcribe(base, str(SAMPLES / "park.flac"), TranscribeOptions(language="klingon"))
+    with pytest.raises(ValueError, match="English-only"):
+        transcribe(tiny_en, str(SAMPLES / "park.flac"), TranscribeOptions(task="translate"))
