@@ -88,7 +88,7 @@ class FullAssistant:
             no_timestamps=special.no_timestamps, timestamp_begin=special.timestamp_begin,
         )
         draft = CrossTokenizerDraft(adapter, self.model_tokenizer, self.bundle.tokenizer,
-                                    assistant_prompt=lambda _: prompt, filters=filters)
+                                    assistant_prompts=[prompt], filters=filters)
         return draft, seconds
 
     def _prompt(self, window: WindowContext) -> list[int]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 
-from decoding.adapters import crop_cache
+from decoding.adapters import additive_mask, crop_cache
 
 
 class WhisperDecoderAdapter:
@@ -26,23 +27,34 @@ class WhisperDecoderAdapter:
         self.encoder_output = encoder_output
         self.vocab_size = int(self.config.vocab_size)
         self.device = encoder_output.device
+        self.dtype = encoder_output.dtype
         self.max_length = int(self.config.max_target_positions)
+        # The cache needs the decoder's layer count; WhisperConfig's num_hidden_layers is the encoder's
+        # (32 for distil-large-v3, whose decoder has 2).
+        self.cache_config = copy.deepcopy(self.config)
+        self.cache_config.num_hidden_layers = self.config.decoder_layers
 
-    def new_cache(self) -> Any:
+    def new_cache(self, batch_size: int = 1) -> Any:
         from transformers import DynamicCache, EncoderDecoderCache
 
-        return EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        return EncoderDecoderCache(DynamicCache(config=self.cache_config), DynamicCache(config=self.cache_config))
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.decoder(
-            input_ids=input_ids, encoder_hidden_states=self.encoder_output, cache=cache, use_cache=True
+            input_ids=input_ids, encoder_hidden_states=self.encoder_output, cache=cache, use_cache=True,
+            attention_mask=additive_mask(attention_mask, self.dtype), position_ids=position_ids,
         ).last_hidden_state
         # The output head (vocab x d) dominates a decoder step on a CPU: apply it only where logits are needed.
         return self.proj_out(hidden[:, hidden.shape[1] - num_logits:]).float()
 
     def crop(self, cache: Any, length: int) -> None:
         crop_cache(cache, length)
+
+    def select(self, cache: Any, rows: torch.Tensor) -> None:
+        cache.batch_select_indices(rows)
+        self.encoder_output = self.encoder_output[rows]
 
 
 @torch.inference_mode()

@@ -12,29 +12,35 @@ import torch
 
 
 class ModelAdapter(Protocol):
-    """A model that scores tokens given an explicit KV cache (batch size 1)."""
+    """A model that scores tokens given an explicit KV cache."""
 
     vocab_size: int
     device: torch.device
 
-    def new_cache(self) -> Any:
-        """Returns an empty cache for one sequence."""
+    def new_cache(self, batch_size: int = 1) -> Any:
+        """Returns an empty cache for `batch_size` sequences."""
 
-    def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Appends `input_ids` to the cache and scores the last positions.
 
         Args:
-            input_ids: `[1, T]` token ids that follow what the cache holds.
+            input_ids: `[B, T]` token ids that follow what the cache holds.
             cache: the cache from `new_cache`, extended in place.
             num_logits: how many of the last positions need logits (0 for none).
+            attention_mask: `[B, 1, T, S + T]` boolean, True where a token may attend (None: plain causal).
+            position_ids: `[B, T]` positions of the new tokens (None: follow the cache length).
 
         Returns:
-            `[1, num_logits, V]` float logits; logits `j` predict the token after input position
+            `[B, num_logits, V]` float logits; logits `j` predict the token after input position
             `T - num_logits + j`.
         """
 
     def crop(self, cache: Any, length: int) -> None:
-        """Cuts the cache back to its first `length` tokens."""
+        """Cuts the cache back to its first `length` slots."""
+
+    def select(self, cache: Any, rows: torch.Tensor) -> None:
+        """Keeps only the given batch rows of the cache (and of any per-row state)."""
 
 
 class CausalLMAdapter:
@@ -54,22 +60,33 @@ class CausalLMAdapter:
         self.device = next(model.parameters()).device
         self.max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
-    def new_cache(self) -> Any:
+        self.dtype = next(model.parameters()).dtype
+
+    def new_cache(self, batch_size: int = 1) -> Any:
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int) -> torch.Tensor:
-        if num_logits == 0:
-            # logits_to_keep=0 means "all" to transformers; keep one and drop it.
-            self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
-            return input_ids.new_empty((1, 0, self.vocab_size), dtype=torch.float32)
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=num_logits)
-        return out.logits.float()
+    def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # logits_to_keep=0 means "all" to transformers: keep one and drop it when none is wanted.
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=max(num_logits, 1),
+                         attention_mask=additive_mask(attention_mask, self.dtype), position_ids=position_ids)
+        return out.logits[:, out.logits.shape[1] - num_logits:].float()
 
     def crop(self, cache: Any, length: int) -> None:
         crop_cache(cache, length)
+
+    def select(self, cache: Any, rows: torch.Tensor) -> None:
+        cache.batch_select_indices(rows)
+
+
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean attention mask as the additive float mask that eager and SDPA attention both take."""
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
 def crop_cache(cache: Any, length: int) -> None:

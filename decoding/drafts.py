@@ -14,6 +14,7 @@ import torch
 
 from decoding.adapters import ModelAdapter
 from decoding.filters import LogitsFilter, SamplingOptions, apply_filters, sampling_probs
+from decoding.ragged import RaggedBatch
 
 
 @dataclass
@@ -30,89 +31,124 @@ class Draft:
 
 
 class DraftSource(Protocol):
-    """Proposes tokens for the model to verify."""
+    """Proposes tokens for the model to verify, for every row of a batch (one row for `generate`)."""
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None,
+    def begin(self, prompts: Sequence[Sequence[int]], sampling: SamplingOptions, generator: torch.Generator | None,
               stop_tokens: Sequence[int] = ()) -> None:
-        """Starts a new sequence that begins with `prompt`; drafting stops after any of `stop_tokens`."""
+        """Starts new sequences; drafting stops after any of `stop_tokens`."""
 
-    def propose(self, tokens: Sequence[int], max_tokens: int, min_confidence: float | None) -> Draft:
-        """Proposes up to `max_tokens` tokens to follow `tokens` (the whole sequence so far)."""
+    def propose(self, sequences: Sequence[Sequence[int]], max_tokens: Sequence[int],
+                min_confidence: float | None) -> list[Draft]:
+        """Proposes up to `max_tokens[b]` tokens (none when <= 0) to follow each whole sequence so far."""
 
-    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
-        """Learns the sequence after verification; `num_accepted` of the last proposal were kept."""
+    def update(self, sequences: Sequence[Sequence[int]], num_accepted: Sequence[int]) -> None:
+        """Learns the sequences after verification; `num_accepted[b]` of row b's last proposal were kept."""
+
+    def select(self, rows: Sequence[int]) -> None:
+        """Keeps only the given rows (the others finished)."""
 
 
 class AssistantDraft:
-    """A smaller model with the same vocabulary drafts tokens one forward pass at a time.
+    """A smaller model with the same vocabulary drafts tokens, one batched forward pass per step.
 
-    Its cache always holds a prefix of the accepted sequence: after each round it is cropped to what the model
-    kept, and the next round feeds only the tokens it has not seen (never the whole prefix again).
+    Each row's cache holds a prefix of its accepted sequence: after each round it is cut back to what the
+    model kept, and the next round feeds only the tokens it has not seen (never the whole prefix again).
+
+    Args:
+        assistant: the assistant's adapter (per-row state for the same rows as the model's).
+        filters: logit filters for every row, or
+        row_filters: logit filters per row (Whisper's rules depend on each row's prompt).
+        model_vocab_size: the model's vocabulary size, when it differs from the assistant's head.
     """
 
-    def __init__(self, assistant: ModelAdapter, filters: Sequence[LogitsFilter] = (), model_vocab_size: int | None = None) -> None:
+    def __init__(self, assistant: ModelAdapter, filters: Sequence[LogitsFilter] = (),
+                 model_vocab_size: int | None = None,
+                 row_filters: Sequence[Sequence[LogitsFilter]] | None = None) -> None:
         self.assistant = assistant
         self.filters = list(filters)
+        self.row_filters = [list(f) for f in row_filters] if row_filters is not None else None
         self.model_vocab_size = model_vocab_size or assistant.vocab_size
-        self.cache: Any = None
-        self.cache_len = 0
-        self.base_len = 0
+        self.batch: RaggedBatch | None = None
+        self.base_lengths: list[int] = []
         self.sampling = SamplingOptions()
         self.generator: torch.Generator | None = None
         self.stop_tokens: set[int] = set()
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None,
+    def begin(self, prompts: Sequence[Sequence[int]], sampling: SamplingOptions, generator: torch.Generator | None,
               stop_tokens: Sequence[int] = ()) -> None:
-        self.cache = self.assistant.new_cache()
-        self.cache_len = 0
+        self.batch = RaggedBatch(self.assistant, len(prompts))
+        self.base_lengths = [len(p) for p in prompts]
         self.sampling = sampling
         self.generator = generator
         self.stop_tokens = set(stop_tokens)
 
+    def _filters(self, row: int) -> Sequence[LogitsFilter]:
+        return self.row_filters[row] if self.row_filters is not None else self.filters
+
     @torch.inference_mode()
-    def propose(self, tokens: Sequence[int], max_tokens: int, min_confidence: float | None) -> Draft:
+    def propose(self, sequences: Sequence[Sequence[int]], max_tokens: Sequence[int],
+                min_confidence: float | None) -> list[Draft]:
+        assert self.batch is not None, "begin() first"
         start = time.perf_counter()
         device = self.assistant.device
-        context = torch.tensor([list(tokens)], dtype=torch.long, device=device)
-        step_input = context[:, self.cache_len:]
-        drafted: list[torch.Tensor] = []
-        probs: list[torch.Tensor] = []
-        for _ in range(max_tokens):
-            logits = self.assistant.forward(step_input, self.cache, 1)
-            self.cache_len += step_input.shape[1]
-            logits = apply_filters(self.filters, context, logits)[0, -1]
+        rows = len(sequences)
+        drafted: list[list[int]] = [[] for _ in range(rows)]
+        probs: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+        passes = [0] * rows
+        done = [k <= 0 for k in max_tokens]
+        inputs = [list(seq[self.batch.length(b):]) if not done[b] else [] for b, seq in enumerate(sequences)]
+        while not all(done):
+            logits = self.batch.feed(inputs, 1)[:, -1]
+            for b in range(rows):
+                if not done[b]:
+                    passes[b] += 1
+                    context = torch.tensor([list(sequences[b]) + drafted[b]], dtype=torch.long, device=device)
+                    logits[b:b + 1] = apply_filters(self._filters(b), context, logits[b:b + 1, None])[:, 0]
             if self.sampling.greedy:
-                token = logits.argmax(-1)
-                top_prob = logits.softmax(-1)[token] if min_confidence is not None else None
+                choice = logits.argmax(-1)
+                top = logits.softmax(-1).max(-1).values if min_confidence is not None else None
             else:
                 q = sampling_probs(logits, self.sampling)
-                token = torch.multinomial(q, 1, generator=self.generator)[0]
-                probs.append(q)
-                top_prob = q.max() if min_confidence is not None else None
-            drafted.append(token)
-            step_input = token.view(1, 1)
-            context = torch.cat([context, step_input], dim=1)
-            # Nothing after an end-of-sequence token can be kept: stop there.
-            if self.stop_tokens and int(token) in self.stop_tokens:
-                break
-            # The confidence rule keeps the unsure token and stops after it (one host sync per step).
-            if top_prob is not None and top_prob.item() < min_confidence:
-                break
-        self.base_len = len(tokens)
-        draft_probs = None
-        if probs:
-            draft_probs = _fit_vocab(torch.stack(probs), self.model_vocab_size)
-        return Draft(torch.stack(drafted).tolist(), draft_probs, len(drafted), time.perf_counter() - start)
+                choice = torch.multinomial(q, 1, generator=self.generator)[:, 0]
+                top = q.max(-1).values if min_confidence is not None else None
+            tokens = choice.tolist()  # one read-back per drafting step
+            confidences = top.tolist() if top is not None else None
+            for b in range(rows):
+                if done[b]:
+                    inputs[b] = []
+                    continue
+                drafted[b].append(tokens[b])
+                if not self.sampling.greedy:
+                    probs[b].append(q[b])
+                inputs[b] = [tokens[b]]
+                # Stop after an end-of-sequence token (nothing after it can be kept), at k, or, with the
+                # confidence rule, after a token the assistant was unsure of.
+                if (tokens[b] in self.stop_tokens or len(drafted[b]) >= max_tokens[b]
+                        or (confidences is not None and confidences[b] < min_confidence)):
+                    done[b] = True
+                    inputs[b] = []
+        self.base_lengths = [len(seq) for seq in sequences]
+        share = (time.perf_counter() - start) / rows
+        return [Draft(d, _fit_vocab(torch.stack(p), self.model_vocab_size) if p else None, n, share)
+                for d, p, n in zip(drafted, probs, passes)]
 
-    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
-        # The cache holds the old sequence plus the drafts it was fed; only the accepted ones stay valid.
-        self.rewind(min(self.base_len + num_accepted, len(tokens) - 1))
+    def update(self, sequences: Sequence[Sequence[int]], num_accepted: Sequence[int]) -> None:
+        # The cache holds each old sequence plus the drafts it was fed; only the accepted ones stay valid.
+        for b, (seq, accepted) in enumerate(zip(sequences, num_accepted)):
+            self.rewind(b, min(self.base_lengths[b] + accepted, len(seq) - 1))
 
-    def rewind(self, length: int) -> None:
-        """Keeps at most the first `length` tokens in the assistant's cache."""
-        if length < self.cache_len:
-            self.assistant.crop(self.cache, length)
-            self.cache_len = length
+    def rewind(self, row: int, length: int) -> None:
+        """Keeps at most the first `length` tokens of `row` in the assistant's cache."""
+        assert self.batch is not None
+        if length < self.batch.length(row):
+            self.batch.rewind(row, length)
+
+    def select(self, rows: Sequence[int]) -> None:
+        assert self.batch is not None
+        self.batch.select(rows)
+        self.base_lengths = [self.base_lengths[r] for r in rows]
+        if self.row_filters is not None:
+            self.row_filters = [self.row_filters[r] for r in rows]
 
 
 def _fit_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -137,11 +173,15 @@ class PromptLookupDraft:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None,
+    def begin(self, prompts: Sequence[Sequence[int]], sampling: SamplingOptions, generator: torch.Generator | None,
               stop_tokens: Sequence[int] = ()) -> None:
         pass
 
-    def propose(self, tokens: Sequence[int], max_tokens: int, min_confidence: float | None) -> Draft:
+    def propose(self, sequences: Sequence[Sequence[int]], max_tokens: Sequence[int],
+                min_confidence: float | None) -> list[Draft]:
+        return [self._lookup(seq, k) if k > 0 else Draft([]) for seq, k in zip(sequences, max_tokens)]
+
+    def _lookup(self, tokens: Sequence[int], max_tokens: int) -> Draft:
         start = time.perf_counter()
         seq = torch.tensor(list(tokens), dtype=torch.long)
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
@@ -154,5 +194,8 @@ class PromptLookupDraft:
                     return Draft(proposal, None, 0, time.perf_counter() - start)
         return Draft([], None, 0, time.perf_counter() - start)
 
-    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+    def update(self, sequences: Sequence[Sequence[int]], num_accepted: Sequence[int]) -> None:
+        pass
+
+    def select(self, rows: Sequence[int]) -> None:
         pass

@@ -1,8 +1,9 @@
-"""The assisted-generation loop, generic over models through adapters.
+"""The assisted-generation loop, generic over models through adapters, for one sequence or a ragged batch.
 
 Terms: the *model* is the large model whose output we want; the *assistant* (or any draft source) proposes
-tokens. The model's cache always holds every token but the last one; a round feeds the last token plus k
-drafts, so one forward pass both checks the drafts and gives the model's own next token.
+tokens. The model's cache always holds every token of a row but the last; a round feeds each row's last token
+plus its k drafts, so one forward pass both checks the drafts and gives the model's own next token. Rows draft,
+accept and rewind by their own amounts (`decoding.ragged`); finished rows leave the batch.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import torch
 from decoding.adapters import ModelAdapter
 from decoding.drafts import Draft, DraftSource
 from decoding.filters import LogitsFilter, SamplingOptions, apply_filters, sampling_probs
-from decoding.schedule import make_schedule
+from decoding.ragged import RaggedBatch
+from decoding.schedule import DraftSchedule, make_schedule
 from decoding.stats import GenerationStats
-from decoding.verify import greedy_accept, speculative_accept
+from decoding.verify import greedy_accept_rows, speculative_accept
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,8 @@ class GenerationOptions:
     schedule: str = "heuristic"
     num_assistant_tokens: int = 5
     confidence_threshold: float = 0.4
-    # Also return the model's raw logits at this prompt position (Whisper's no-speech probability).
+    # Also return the model's raw logits at this prompt position (Python-style index; negative counts from
+    # the end, which is the same place in every row of a batch). Whisper's no-speech probability uses it.
     prompt_logits_at: int | None = None
 
     def __post_init__(self) -> None:
@@ -60,7 +63,22 @@ class GenerationResult:
     prompt_logits: torch.Tensor | None = None
 
 
-@torch.inference_mode()
+@dataclass
+class _Row:
+    """One sequence being generated."""
+
+    index: int  # position in the caller's list
+    tokens: list[int]
+    limit: int
+    filters: Sequence[LogitsFilter]
+    schedule: DraftSchedule
+    result: GenerationResult
+
+    @property
+    def generated(self) -> int:
+        return len(self.result.tokens)
+
+
 def generate(
     model: ModelAdapter,
     prompt: Sequence[int],
@@ -86,105 +104,174 @@ def generate(
     Raises:
         ValueError: an empty prompt, or one that leaves no room under `options.max_length`.
     """
+    return generate_batch(model, [prompt], options, draft, [filters])[0]
+
+
+@torch.inference_mode()
+def generate_batch(
+    model: ModelAdapter,
+    prompts: Sequence[Sequence[int]],
+    options: GenerationOptions,
+    draft: DraftSource | None = None,
+    filters: Sequence[Sequence[LogitsFilter]] | None = None,
+) -> list[GenerationResult]:
+    """`generate` for several prompts at once, each row drafting and accepting its own number of tokens.
+
+    The adapter (and the draft source) must hold per-row state for exactly these rows, in this order (for
+    Whisper: one encoder output per row). Each row's tokens are those `generate` gives for it alone, up to
+    floating-point differences between batched and single kernels.
+
+    Args:
+        model: the model's adapter.
+        prompts: one prompt per row.
+        options: shared limits, sampling and drafting options.
+        draft: a draft source for all rows, or None.
+        filters: logit filters per row (None: no filters).
+
+    Returns:
+        One result per prompt, in order.
+    """
     start = time.perf_counter()
-    prompt = list(prompt)
-    if not prompt:
-        raise ValueError("the prompt must hold at least one token")
-    limit = options.max_new_tokens
-    if options.max_length is not None:
-        limit = min(limit, options.max_length - len(prompt))
-        if limit < 1:
-            raise ValueError(f"the prompt has {len(prompt)} tokens; the model takes at most {options.max_length}")
+    filters = filters if filters is not None else [()] * len(prompts)
+    rows = [_new_row(i, p, options, f) for i, (p, f) in enumerate(zip(prompts, filters))]
+    generator = torch.Generator(device=model.device).manual_seed(options.seed) if options.seed is not None else None
     sampling = options.sampling
-    generator = None
-    if options.seed is not None:
-        generator = torch.Generator(device=model.device).manual_seed(options.seed)
-    schedule = make_schedule(options.schedule, options.num_assistant_tokens, options.confidence_threshold)
     eos = set(options.eos_token_ids)
-    stats = GenerationStats()
-    cache = model.new_cache()
+    batch = RaggedBatch(model, len(rows))
 
-    # 1. Prefill: the model's cache takes every prompt token but the last.
-    prompt_logits = None
-    want_prompt_logits = options.prompt_logits_at
-    if len(prompt) > 1:
-        num_logits = 0
-        if want_prompt_logits is not None and want_prompt_logits < len(prompt) - 1:
-            num_logits = len(prompt) - 1 - want_prompt_logits
-        t = time.perf_counter()
-        logits = model.forward(_ids(prompt[:-1], model.device), cache, num_logits)
-        stats.model_seconds += time.perf_counter() - t
-        stats.model_forward_passes += 1
-        if num_logits:
-            prompt_logits = logits[0, 0].clone()
-            want_prompt_logits = None
+    # 1. Prefill: each row's cache takes every prompt token but the last.
+    _prefill(batch, rows, options.prompt_logits_at)
     if draft is not None:
-        draft.begin(prompt, sampling, generator, options.eos_token_ids)
+        draft.begin([r.tokens for r in rows], sampling, generator, options.eos_token_ids)
 
-    tokens = prompt
-    new_tokens: list[int] = []
-    logprobs: list[float] = []
-    finished = False
-    while True:
-        # 2. Draft: up to k tokens, leaving room for the model's own token within the limit.
-        proposal = Draft([])
-        room = limit - len(new_tokens) - 1
-        if draft is not None and room > 0:
-            proposal = draft.propose(tokens, min(schedule.next_k(), room), schedule.min_confidence)
-            proposal.tokens = proposal.tokens[:room]
-            stats.assistant_forward_passes += proposal.forward_passes
-            stats.assistant_seconds += proposal.seconds
-        k = len(proposal.tokens)
+    active = rows
+    while active:
+        # 2. Draft: up to k tokens per row, leaving room for the model's own token within the limit.
+        proposals = [Draft([]) for _ in active]
+        if draft is not None:
+            rooms = [min(r.schedule.next_k(), r.limit - r.generated - 1) for r in active]
+            if max(rooms) > 0:
+                proposals = draft.propose([r.tokens for r in active], rooms, active[0].schedule.min_confidence)
+                for row, proposal, room in zip(active, proposals, rooms):
+                    proposal.tokens = proposal.tokens[:max(room, 0)]
+                    row.result.stats.assistant_forward_passes += proposal.forward_passes
+                    row.result.stats.assistant_seconds += proposal.seconds
+        width = max(len(p.tokens) for p in proposals) + 1
 
-        # 3. Verify: one model pass over the last token and the drafts.
+        # 3. Verify: one model pass over each row's last token and its drafts.
         t = time.perf_counter()
-        logits = model.forward(_ids(tokens[-1:] + proposal.tokens, model.device), cache, k + 1)
-        stats.model_seconds += time.perf_counter() - t
-        stats.model_forward_passes += 1
-        if want_prompt_logits is not None:
-            prompt_logits = logits[0, 0].clone()
-            want_prompt_logits = None
-        logits = apply_filters(filters, _ids(tokens + proposal.tokens, model.device), logits)[0]
+        logits = batch.feed([r.tokens[-1:] + p.tokens for r, p in zip(active, proposals)], width)
+        elapsed = (time.perf_counter() - t) / len(active)
+        row_logits = []
+        for b, (row, proposal) in enumerate(zip(active, proposals)):
+            k = len(proposal.tokens)
+            row.result.stats.model_seconds += elapsed
+            row.result.stats.model_forward_passes += 1
+            if row.result.prompt_logits is None and options.prompt_logits_at is not None and row.generated == 0:
+                row.result.prompt_logits = logits[b, width - k - 1].clone()
+            context = torch.tensor([row.tokens + proposal.tokens], dtype=torch.long, device=model.device)
+            row_logits.append(apply_filters(row.filters, context, logits[b:b + 1, width - k - 1:])[0])
 
         # 4. Accept: the agreeing prefix plus the model's own token (or speculative sampling).
         if sampling.greedy:
-            accepted, kept, kept_logprobs = greedy_accept(logits, proposal.tokens)
+            outcomes = greedy_accept_rows(row_logits, [p.tokens for p in proposals])
         else:
-            probs = sampling_probs(logits, sampling)
-            accepted, kept = speculative_accept(probs, proposal.probs if k else None, proposal.tokens, generator)
-            kept_logprobs = _logprobs(logits, kept)
+            outcomes = []
+            for lg, proposal in zip(row_logits, proposals):
+                accepted, kept = speculative_accept(sampling_probs(lg, sampling),
+                                                    proposal.probs if proposal.tokens else None,
+                                                    proposal.tokens, generator)
+                outcomes.append((accepted, kept, _logprobs(lg, kept)))
 
-        # 5. Limits: stop at the first end-of-sequence token or the length limit.
-        end = next((i + 1 for i, tok in enumerate(kept) if tok in eos), None)
-        if end is not None:
-            kept, kept_logprobs, finished = kept[:end], kept_logprobs[:end], True
-        kept = kept[: limit - len(new_tokens)]
-        tokens = tokens + kept
-        new_tokens += kept
-        logprobs += kept_logprobs[: len(kept)]
-        accepted = min(accepted, len(kept))
-        stats.rounds += 1
-        stats.drafted_tokens += k
-        stats.accepted_tokens += accepted
+        # 5. Limits, statistics, and 6. roll back: caches keep only what was accepted.
+        still = []
+        accepted_counts = []
+        for b, (row, proposal, (accepted, kept, kept_logprobs)) in enumerate(zip(active, proposals, outcomes)):
+            accepted = _extend(row, proposal, accepted, kept, kept_logprobs, eos, draft is not None)
+            accepted_counts.append(accepted)
+            if not row.result.finished and row.generated < row.limit:
+                still.append(b)
+                batch.rewind(b, len(row.tokens) - 1)
+                row.schedule.update(len(proposal.tokens), accepted)
         if draft is not None:
+            draft.update([r.tokens for r in active], accepted_counts)
+        if len(still) < len(active):
+            active = [active[b] for b in still]
+            if active:
+                batch.select(still)
+                if draft is not None:
+                    draft.select(still)
+
+    total = time.perf_counter() - start
+    for row in rows:
+        row.result.stats.generated_tokens = row.generated
+        row.result.stats.total_seconds = total
+    return [row.result for row in rows]
+
+
+def _new_row(index: int, prompt: Sequence[int], options: GenerationOptions, filters: Sequence[LogitsFilter]) -> _Row:
+    tokens = list(prompt)
+    if not tokens:
+        raise ValueError("the prompt must hold at least one token")
+    limit = options.max_new_tokens
+    if options.max_length is not None:
+        limit = min(limit, options.max_length - len(tokens))
+        if limit < 1:
+            raise ValueError(f"the prompt has {len(tokens)} tokens; the model takes at most {options.max_length}")
+    schedule = make_schedule(options.schedule, options.num_assistant_tokens, options.confidence_threshold)
+    return _Row(index, tokens, limit, filters, schedule, GenerationResult([], [], GenerationStats(), False))
+
+
+def _prefill(batch: RaggedBatch, rows: list[_Row], logits_at: int | None) -> None:
+    """Feeds every prompt token but the last; first up to `logits_at` when its logits are wanted.
+
+    A position that is a prompt's last token gets its logits in the first round instead.
+    """
+    split: list[int | None] = [None] * len(rows)
+    if logits_at is not None:
+        for b, row in enumerate(rows):
+            at = logits_at if logits_at >= 0 else len(row.tokens) + logits_at
+            if not 0 <= at < len(row.tokens):
+                raise ValueError(f"prompt_logits_at={logits_at} is outside a prompt of {len(row.tokens)} tokens")
+            split[b] = at if at < len(row.tokens) - 1 else None
+    first = [r.tokens[: s + 1] if s is not None else [] for s, r in zip(split, rows)]
+    rest = [r.tokens[s + 1: -1] if s is not None else r.tokens[:-1] for s, r in zip(split, rows)]
+    for inputs, num_logits in ((first, 1), (rest, 0)):
+        if not any(inputs):
+            continue
+        t = time.perf_counter()
+        logits = batch.feed(inputs, num_logits)
+        elapsed = (time.perf_counter() - t) / len(rows)
+        for b, row in enumerate(rows):
+            row.result.stats.model_forward_passes += 1
+            row.result.stats.model_seconds += elapsed
+            if num_logits and split[b] is not None:
+                row.result.prompt_logits = logits[b, -1].clone()
+
+
+def _extend(row: _Row, proposal: Draft, accepted: int, kept: list[int], kept_logprobs: list[float],
+            eos: set[int], drafting: bool) -> int:
+    """Appends a round's kept tokens to a row, cut at end-of-sequence and the limit; returns drafts kept."""
+    end = next((i + 1 for i, tok in enumerate(kept) if tok in eos), None)
+    if end is not None:
+        kept, kept_logprobs = kept[:end], kept_logprobs[:end]
+        row.result.finished = True
+    kept = kept[: row.limit - row.generated]
+    row.tokens += kept
+    row.result.tokens += kept
+    row.result.logprobs += kept_logprobs[: len(kept)]
+    accepted = min(accepted, len(kept))
+    stats = row.result.stats
+    k = len(proposal.tokens)
+    stats.rounds += 1
+    stats.drafted_tokens += k
+    stats.accepted_tokens += accepted
+    if drafting:
+        # Rounds without drafts (no lookup match, no room left) accept nothing but reject nothing either.
+        if k:
             stats.accepted_length_histogram[accepted] += 1
-            stats.draft_lengths.append(k)
-        if finished or len(new_tokens) >= limit:
-            break
-
-        # 6. Roll back: both caches keep only what was accepted.
-        model.crop(cache, len(tokens) - 1)
-        if draft is not None:
-            draft.update(tokens, accepted)
-            schedule.update(k, accepted)
-
-    stats.generated_tokens = len(new_tokens)
-    stats.total_seconds = time.perf_counter() - start
-    return GenerationResult(new_tokens, logprobs, stats, finished, prompt_logits)
-
-
-def _ids(tokens: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor([list(tokens)], dtype=torch.long, device=device)
+        stats.draft_lengths.append(k)
+    return accepted
 
 
 def _logprobs(logits: torch.Tensor, tokens: list[int]) -> list[float]:

@@ -13,7 +13,8 @@ Drafts are proposals only: the model verifies each, so a poor conversion costs s
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import torch
 
@@ -89,16 +90,27 @@ def _added_ids(tokenizer: Any) -> list[int]:
     return [int(i) for i in decoder]
 
 
+@dataclass
+class _RowState:
+    """Where one row's conversion stands."""
+
+    prompt_len: int  # model tokens in the prompt
+    committed: list[int]  # assistant ids for the prompt and the committed generated text
+    committed_model: int = 0  # generated model tokens converted for good
+    broken: bool = False  # a special token without counterpart: nothing more to draft
+    previous: list[int] = field(default_factory=list)  # the assistant sequence of the last proposal
+
+
 class CrossTokenizerDraft:
-    """Drafts with an assistant of another tokenizer (Universal Assisted Generation).
+    """Drafts with an assistant of another tokenizer (Universal Assisted Generation), for every row of a batch.
 
     Args:
         assistant: the assistant's adapter.
         model_tokenizer: the model's tokenizer.
         assistant_tokenizer: the assistant's tokenizer.
-        assistant_prompt: maps the model's prompt to the assistant's (Whisper's start sequences differ in more
-            than ids); by default the prompt is converted like any other tokens.
-        filters: logit filters in the assistant's vocabulary.
+        assistant_prompts: per row, the assistant's prompt (Whisper's start sequences differ in more than ids);
+            by default each model prompt is converted like any other tokens.
+        row_filters: logit filters per row, in the assistant's vocabulary (or `filters` for every row).
         window: model tokens of text kept uncommitted and re-tokenised each round.
     """
 
@@ -108,58 +120,67 @@ class CrossTokenizerDraft:
         model_tokenizer: Any,
         assistant_tokenizer: Any,
         *,
-        assistant_prompt: Callable[[list[int]], list[int]] | None = None,
+        assistant_prompts: Sequence[Sequence[int]] | None = None,
         filters: Sequence[LogitsFilter] = (),
+        row_filters: Sequence[Sequence[LogitsFilter]] | None = None,
         window: int = 8,
     ) -> None:
-        self.inner = AssistantDraft(assistant, filters)
+        self.inner = AssistantDraft(assistant, filters, row_filters=row_filters)
         self.to_assistant = TokenBridge(model_tokenizer, assistant_tokenizer)
         self.to_model = TokenBridge(assistant_tokenizer, model_tokenizer)
-        self.assistant_prompt = assistant_prompt
+        self.assistant_prompts = [list(p) for p in assistant_prompts] if assistant_prompts is not None else None
         self.window = window
         self.max_length = getattr(assistant, "max_length", None)
+        self.rows: list[_RowState] = []
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingOptions, generator: torch.Generator | None,
+    def begin(self, prompts: Sequence[Sequence[int]], sampling: SamplingOptions, generator: torch.Generator | None,
               stop_tokens: Sequence[int] = ()) -> None:
         # Drafts are proposals checked as deterministic tokens (one-hot q), which keeps sampling exact;
         # greedy drafts are the likeliest to be kept. Stop tokens map through the bridge like any special token.
         mapped = (self.to_assistant.special(t) for t in stop_tokens)
-        self.inner.begin(prompt, SamplingOptions(), generator, [t for t in mapped if t is not None])
-        prompt = list(prompt)
-        converted = self.assistant_prompt(prompt) if self.assistant_prompt else self.to_assistant.convert(prompt)
-        self.prompt_len = len(prompt)
-        self.committed_model = 0  # generated model tokens already converted for good
-        self.committed: list[int] = list(converted) if converted is not None else []
-        self.broken = converted is None  # a special token without counterpart: nothing more to draft
-        self.previous: list[int] = []
+        self.inner.begin(prompts, SamplingOptions(), generator, [t for t in mapped if t is not None])
+        self.rows = []
+        for b, prompt in enumerate(prompts):
+            converted = self.assistant_prompts[b] if self.assistant_prompts else self.to_assistant.convert(prompt)
+            self.rows.append(_RowState(len(prompt), list(converted or []), broken=converted is None))
 
-    def propose(self, tokens: Sequence[int], max_tokens: int, min_confidence: float | None) -> Draft:
+    def propose(self, sequences: Sequence[Sequence[int]], max_tokens: Sequence[int],
+                min_confidence: float | None) -> list[Draft]:
         start = time.perf_counter()
-        generated = list(tokens[self.prompt_len:])
-        self._commit(generated)
-        if self.broken:
-            return Draft([])
-        tail = generated[self.committed_model:]
-        tail_assistant = self.to_assistant.encode(self.to_assistant.text(tail))
-        sequence = self.committed + tail_assistant
-        room = max_tokens if self.max_length is None else min(max_tokens, self.max_length - len(sequence))
-        if room < 1:
-            return Draft([])
-        # The assistant keeps what it has already read, up to the first token that changed.
-        self.inner.rewind(min(_common_prefix(self.previous, sequence), len(sequence) - 1))
-        self.previous = sequence
-        drafted = self.inner.propose(sequence, room, min_confidence)
-        converted = self._to_model(tail, tail_assistant, drafted.tokens)[:max_tokens]
-        return Draft(converted, None, drafted.forward_passes, time.perf_counter() - start)
+        tails, tails_assistant, assistant_sequences, rooms = [], [], [], []
+        for b, (state, tokens, k) in enumerate(zip(self.rows, sequences, max_tokens)):
+            generated = list(tokens[state.prompt_len:])
+            self._commit(state, generated)
+            tail = generated[state.committed_model:]
+            tail_assistant = self.to_assistant.encode(self.to_assistant.text(tail))
+            sequence = state.committed + tail_assistant
+            room = k if self.max_length is None else min(k, self.max_length - len(sequence))
+            if state.broken:
+                room = 0
+            # The assistant keeps what it has already read, up to the first token that changed.
+            self.inner.rewind(b, min(_common_prefix(state.previous, sequence), len(sequence) - 1))
+            state.previous = sequence
+            tails.append(tail)
+            tails_assistant.append(tail_assistant)
+            assistant_sequences.append(sequence)
+            rooms.append(room)
+        drafted = self.inner.propose(assistant_sequences, rooms, min_confidence)
+        share = (time.perf_counter() - start) / max(len(sequences), 1)
+        return [Draft(self._to_model(tail, tail_assistant, d.tokens)[: max(k, 0)], None, d.forward_passes, share)
+                for tail, tail_assistant, d, k in zip(tails, tails_assistant, drafted, max_tokens)]
 
-    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
-        pass  # the next proposal re-aligns from the sequence itself
+    def update(self, sequences: Sequence[Sequence[int]], num_accepted: Sequence[int]) -> None:
+        pass  # the next proposal re-aligns from the sequences themselves
 
-    def _commit(self, generated: list[int]) -> None:
+    def select(self, rows: Sequence[int]) -> None:
+        self.rows = [self.rows[r] for r in rows]
+        self.inner.select(rows)
+
+    def _commit(self, state: _RowState, generated: list[int]) -> None:
         """Moves the committed point past special tokens and past text older than the window."""
         bridge = self.to_assistant
-        position = self.committed_model
-        while not self.broken and position < len(generated):
+        position = state.committed_model
+        while not state.broken and position < len(generated):
             run_end = position
             while run_end < len(generated) and not bridge.is_special(generated[run_end]):
                 run_end += 1
@@ -167,17 +188,17 @@ class CrossTokenizerDraft:
                 # Trailing text: commit up to a word start, leaving about `window` tokens to re-tokenise.
                 cut = next((i for i in range(len(generated) - self.window, position, -1)
                             if bridge.starts_word(generated[i])), position)
-                self.committed += bridge.encode(bridge.text(generated[position:cut]))
+                state.committed += bridge.encode(bridge.text(generated[position:cut]))
                 position = cut
                 break
             mapped = bridge.special(generated[run_end])
-            self.committed += bridge.encode(bridge.text(generated[position:run_end]))
+            state.committed += bridge.encode(bridge.text(generated[position:run_end]))
             if mapped is None:
-                self.broken = True
+                state.broken = True
             else:
-                self.committed.append(mapped)
+                state.committed.append(mapped)
             position = run_end + 1
-        self.committed_model = position
+        state.committed_model = position
 
     def _to_model(self, tail: list[int], tail_assistant: list[int], drafts: list[int]) -> list[int]:
         """The assistant's drafts as model tokens that extend the model's sequence exactly, or fewer."""

@@ -18,16 +18,7 @@ def greedy_accept(logits: torch.Tensor, drafts: list[int]) -> tuple[int, list[in
     Returns:
         (number of drafts accepted, the new tokens (accepted drafts + the model's token), their log-probabilities).
     """
-    choice = logits.argmax(-1)
-    best_logprob = torch.log_softmax(logits.float(), dim=-1).max(-1).values
-    k = len(drafts)
-    draft_ids = torch.tensor(drafts, dtype=torch.long, device=logits.device)
-    agreed = (choice[:k] == draft_ids).int().cumprod(0).sum().view(1)
-    # One read-back: the model's choices, the agreeing prefix length, and their log-probabilities.
-    values = torch.cat([choice.double(), agreed.double(), best_logprob.double()]).tolist()
-    n = int(values[k + 1])
-    tokens = [int(t) for t in values[: n + 1]]
-    return n, tokens, values[k + 2: k + 2 + n + 1]
+    return greedy_accept_rows([logits], [drafts])[0]
 
 
 def speculative_accept(
@@ -71,3 +62,31 @@ def speculative_accept(
     bonus = torch.multinomial(chosen_row, 1, generator=generator)
     n, token = torch.cat([accepted.view(1), bonus]).tolist()
     return n, drafts[:n] + [token]
+
+
+def greedy_accept_rows(logits: list[torch.Tensor], drafts: list[list[int]]) -> list[tuple[int, list[int], list[float]]]:
+    """`greedy_accept` for several rows, read back to the host once for all of them.
+
+    Args:
+        logits: per row, `[k_b + 1, V]` filtered model logits.
+        drafts: per row, the k_b drafted token ids.
+
+    Returns:
+        Per row: (drafts accepted, new tokens, their log-probabilities).
+    """
+    parts = []
+    for row_logits, row_drafts in zip(logits, drafts):
+        choice = row_logits.argmax(-1)
+        best_logprob = torch.log_softmax(row_logits.float(), dim=-1).max(-1).values
+        draft_ids = torch.tensor(row_drafts, dtype=torch.long, device=row_logits.device)
+        agreed = (choice[: len(row_drafts)] == draft_ids).int().cumprod(0).sum().view(1)
+        parts += [choice.double(), agreed.double(), best_logprob.double()]
+    values = torch.cat(parts).tolist()  # the one read-back
+    out, offset = [], 0
+    for row_drafts in drafts:
+        k = len(row_drafts)
+        choice, n = values[offset: offset + k + 1], int(values[offset + k + 1])
+        logprobs = values[offset + k + 2: offset + 2 * k + 3]
+        out.append((n, [int(t) for t in choice[: n + 1]], logprobs[: n + 1]))
+        offset += 2 * k + 3
+    return out

@@ -1,0 +1,143 @@
+"""Assisted transcription gives the model's own words on real long-form audio, for every kind of assistant."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from asr.assistants import FullAssistant, SharedEncoderAssistant, make_assistant
+from asr.options import TranscribeOptions
+from asr.transcribe import transcribe
+from asr.writers import write_srt, write_vtt
+from audio import N_SAMPLES, SAMPLE_RATE, load_audio
+from eval.wer import error_counts
+from tests.conftest import evaldata, manifest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sonnets() -> np.ndarray:
+    """The three sonnets back to back: 158 s of continuous read speech."""
+    return np.concatenate([load_audio(evaldata("longform", f"p00{i}.mp3")) for i in (1, 2, 3)])
+
+
+@pytest.fixture(scope="module")
+def voxpopuli() -> np.ndarray:
+    return load_audio(evaldata("longform", "voxpopuli-en-000.ogg"))
+
+
+@pytest.fixture(scope="module")
+def plain_sonnets(base, sonnets):
+    return transcribe(base, sonnets, TranscribeOptions(word_timestamps=True))
+
+
+@pytest.fixture(scope="module")
+def plain_voxpopuli(base, voxpopuli):
+    return transcribe(base, voxpopuli)
+
+
+def _random_decoder(base) -> torch.nn.Module:
+    """A randomly initialised one-layer decoder that reads base's encoder output (pairing 1, untrained)."""
+    from transformers import WhisperConfig, WhisperForCausalLM
+
+    torch.manual_seed(0)
+    config = WhisperConfig(vocab_size=base.model.config.vocab_size, d_model=base.model.config.d_model,
+                           decoder_layers=1, decoder_attention_heads=8, decoder_ffn_dim=512,
+                           max_target_positions=448, is_encoder_decoder=False)
+    return WhisperForCausalLM(config).eval()
+
+
+def _random_full(base):
+    """A randomly initialised small encoder-decoder with base's vocabulary (pairing 2, untrained)."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(1)
+    config = WhisperConfig(vocab_size=base.model.config.vocab_size, d_model=64, encoder_layers=1, decoder_layers=1,
+                           encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=128,
+                           decoder_ffn_dim=128, num_mel_bins=80, max_source_positions=1500, max_target_positions=448)
+    return dataclasses.replace(base, name="random-full", model=WhisperForConditionalGeneration(config).eval())
+
+
+PAIRINGS = {
+    "tiny.en (different tokenizer)": lambda base: make_assistant("tiny.en", base),
+    "self:bf16": lambda base: make_assistant("self:bf16", base),
+    "self:int8": lambda base: make_assistant("self:int8", base),
+    "self (shared encoder)": lambda base: make_assistant("self", base),
+    "random decoder on base's encoder": lambda base: SharedEncoderAssistant("random", _random_decoder(base)),
+    "random full assistant": lambda base: FullAssistant("random-full", _random_full(base), base),
+}
+
+
+@pytest.mark.parametrize("pairing", list(PAIRINGS))
+def test_assisted_sonnets_equal_plain(base, sonnets, plain_sonnets, pairing: str) -> None:
+    assistant = PAIRINGS[pairing](base)
+    result = transcribe(base, sonnets, TranscribeOptions(word_timestamps=True), assistant)
+    assert [s.tokens for s in result.segments] == [s.tokens for s in plain_sonnets.segments]
+    assert result.text == plain_sonnets.text
+    # Word times come from one pass of the model over the final tokens: the same with or without an assistant.
+    assert [[(w.word, w.start, w.end) for w in s.words] for s in result.segments] == \
+        [[(w.word, w.start, w.end) for w in s.words] for s in plain_sonnets.segments]
+    stats = result.stats.generation
+    assert stats.drafted_tokens > 0
+    assert stats.model_forward_passes < plain_sonnets.stats.generation.model_forward_passes or \
+        stats.acceptance_rate < 0.2  # untrained assistants agree rarely; the words still match
+    if pairing.startswith("self (shared"):
+        assert stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("pairing", ["tiny.en (different tokenizer)", "self:bf16", "self:int8"])
+def test_assisted_voxpopuli_equals_plain(base, voxpopuli, plain_voxpopuli, pairing: str) -> None:
+    result = transcribe(base, voxpopuli, assistant=PAIRINGS[pairing](base))
+    assert result.text == plain_voxpopuli.text
+
+
+def _sonnet_reference() -> str:
+    rows = {r["audio"]: r for r in manifest("longform")}
+    return " ".join(rows[f"p00{i}.mp3"]["text_body"] for i in (1, 2, 3))
+
+
+def test_long_form_wer_is_within_a_point_of_fixed_windows(base, sonnets, plain_sonnets) -> None:
+    windows = [sonnets[i: i + N_SAMPLES] for i in range(0, len(sonnets), N_SAMPLES)]
+    fixed = " ".join(transcribe(base, w, TranscribeOptions(timestamps=False, language="en")).text for w in windows)
+    reference = _sonnet_reference()
+    long_form = error_counts([reference], [plain_sonnets.text]).rate
+    fixed_windows = error_counts([reference], [fixed]).rate
+    print(f"sonnets WER: long-form {long_form:.2%}, fixed 30 s windows {fixed_windows:.2%}")
+    assert long_form <= fixed_windows + 0.01
+
+
+def test_segments_and_words_are_ordered_and_inside_the_audio(sonnets, plain_sonnets) -> None:
+    duration = len(sonnets) / SAMPLE_RATE
+    previous_end = 0.0
+    assert len(plain_sonnets.segments) > 5
+    for segment in plain_sonnets.segments:
+        assert previous_end - 0.01 <= segment.start <= segment.end <= duration + 0.01
+        previous_end = segment.end
+        assert segment.words, segment.text
+        for word in segment.words:
+            assert segment.start <= word.start <= word.end <= segment.end
+            assert 0.0 <= word.probability <= 1.0
+        assert "".join(w.word for w in segment.words).strip() == segment.text.strip()
+
+
+def test_srt_and_vtt_parse(plain_sonnets, tmp_path) -> None:
+    srt, vtt = tmp_path / "x.srt", tmp_path / "x.vtt"
+    with open(srt, "w") as handle:
+        write_srt(plain_sonnets, handle)
+    with open(vtt, "w") as handle:
+        write_vtt(plain_sonnets, handle)
+    cue = re.compile(r"^(\d+)\n(\d\d:\d\d:\d\d,\d{3}) --> (\d\d:\d\d:\d\d,\d{3})\n(.+)$", re.S)
+    blocks = srt.read_text().strip().split("\n\n")
+    assert len(blocks) == len(plain_sonnets.segments)
+    for number, block in enumerate(blocks, start=1):
+        match = cue.match(block)
+        assert match and int(match.group(1)) == number and match.group(2) <= match.group(3)
+    text = vtt.read_text()
+    assert text.startswith("WEBVTT\n\n")
+    vtt_cue = re.compile(r"^(\d\d:)?\d\d:\d\d\.\d{3} --> (\d\d:)?\d\d:\d\d\.\d{3}\n.+$", re.S)
+    assert all(vtt_cue.match(block) for block in text[len("WEBVTT\n\n"):].strip().split("\n\n"))
