@@ -16,7 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -52,12 +52,16 @@ class SharedEncoderAssistant:
         self.decoder_model = decoder_model
         self.dtype = dtype
 
-    def for_window(self, window: WindowContext) -> tuple[DraftSource, float]:
-        encoder_output = window.encoder_output
+    def prepare(self, windows: list[WindowContext]) -> tuple[Callable[[list[int]], DraftSource], float]:
+        encoder_output = torch.cat([w.encoder_output for w in windows])
         if self.dtype is not None and self.dtype != encoder_output.dtype:
             encoder_output = encoder_output.to(self.dtype)
-        adapter = WhisperDecoderAdapter(self.decoder_model, encoder_output)
-        return AssistantDraft(adapter, window.filters, model_vocab_size=adapter.vocab_size), 0.0
+
+        def make_draft(rows: list[int]) -> DraftSource:
+            adapter = WhisperDecoderAdapter(self.decoder_model, encoder_output[rows])
+            return AssistantDraft(adapter, row_filters=[windows[r].filters for r in rows])
+
+        return make_draft, 0.0
 
 
 class FullAssistant:
@@ -70,26 +74,34 @@ class FullAssistant:
         self.model_tokenizer = model_bundle.tokenizer
         self.model_eot = model_bundle.special.eot
 
-    def for_window(self, window: WindowContext) -> tuple[DraftSource, float]:
+    def prepare(self, windows: list[WindowContext]) -> tuple[Callable[[list[int]], DraftSource], float]:
         start = time.perf_counter()
-        features = window.features
+        features = torch.cat([w.features for w in windows])
         if self.bundle.n_mels != features.shape[1]:
             raise ValueError(f"assistant {self.name} expects {self.bundle.n_mels} mel bins, the model {features.shape[1]}")
+        # Its own encoder runs once per window; every temperature fallback reuses the result.
         encoder_output = encode(self.bundle.model, features)
         seconds = time.perf_counter() - start
-        adapter = WhisperDecoderAdapter(self.bundle.model, encoder_output)
         if self.same_tokenizer:
-            return AssistantDraft(adapter, window.filters, model_vocab_size=adapter.vocab_size), seconds
-        prompt = self._prompt(window)
+            def make_draft(rows: list[int]) -> DraftSource:
+                adapter = WhisperDecoderAdapter(self.bundle.model, encoder_output[rows])
+                return AssistantDraft(adapter, row_filters=[windows[r].filters for r in rows])
+            return make_draft, seconds
+
         special = self.bundle.special
-        filters = whisper_filters(
+        prompts = [self._prompt(w) for w in windows]
+        filters = [whisper_filters(
             suppress_tokens=special.suppress_tokens, begin_suppress_tokens=special.begin_suppress_tokens,
-            sample_begin=len(prompt), timestamps=window.timestamps, eot=special.eot,
+            sample_begin=len(prompt), timestamps=w.timestamps, eot=special.eot,
             no_timestamps=special.no_timestamps, timestamp_begin=special.timestamp_begin,
-        )
-        draft = CrossTokenizerDraft(adapter, self.model_tokenizer, self.bundle.tokenizer,
-                                    assistant_prompts=[prompt], filters=filters)
-        return draft, seconds
+        ) for prompt, w in zip(prompts, windows)]
+
+        def make_bridged_draft(rows: list[int]) -> DraftSource:
+            adapter = WhisperDecoderAdapter(self.bundle.model, encoder_output[rows])
+            return CrossTokenizerDraft(adapter, self.model_tokenizer, self.bundle.tokenizer,
+                                       assistant_prompts=[prompts[r] for r in rows],
+                                       row_filters=[filters[r] for r in rows])
+        return make_bridged_draft, seconds
 
     def _prompt(self, window: WindowContext) -> list[int]:
         """The assistant's own start sequence: English-only models take no language or task tokens."""
@@ -178,7 +190,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     """Resolves `--assistant`: none, self[:PRECISION], a registry name, a hub id or a local folder.
 
     Returns:
-        An assistant with `for_window`, or None for plain decoding.
+        An assistant with `prepare`, or None for plain decoding.
 
     Raises:
         ValueError: an unknown assistant, or one that cannot be paired with the model.

@@ -8,12 +8,12 @@ import numpy as np
 
 from asr.options import TranscribeOptions
 from asr.results import Transcript
-from asr.transcribe import transcribe
+from asr.transcribe import transcribe_many
 
 
 def transcribe_batch(bundle: Any, audios: Sequence[np.ndarray], options: TranscribeOptions = TranscribeOptions(),
                      assistant: Any = None) -> list[Transcript]:
-    """Transcribes each of `audios` (16 kHz mono float32); the words for each are those `transcribe` gives.
+    """Transcribes `audios` (16 kHz mono float32) as one batch; the words for each are those `transcribe` gives.
 
     Args:
         bundle: a loaded model.
@@ -24,4 +24,4 @@ def transcribe_batch(bundle: Any, audios: Sequence[np.ndarray], options: Transcr
     Returns:
         One transcript per audio, in order.
     """
-    return [transcribe(bundle, audio, options, assistant) for audio in audios]
+    return transcribe_many(bundle, audios, options, assistant, batch_size=max(len(audios), 1))

@@ -157,6 +157,16 @@ def generate(model, assistant, prompt, max_new_tokens, temperature, top_k, top_p
         click.echo(text)
 
 
+def _register_commands() -> None:
+    """Commands that live beside their libraries; importing them imports only click."""
+    from eval.cli_command import eval_command
+
+    main.add_command(eval_command)
+
+
+_register_commands()
+
+
 def _floats(text: str, option: str) -> tuple[float, ...]:
     try:
         return tuple(float(part) for part in text.split(",") if part.strip())

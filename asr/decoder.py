@@ -65,17 +65,24 @@ def encode(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def detect_language(model: torch.nn.Module, encoder_output: torch.Tensor, sot: int,
-                    language_ids: dict[str, int]) -> tuple[str, dict[str, float]]:
+def detect_languages(model: torch.nn.Module, encoder_output: torch.Tensor, sot: int,
+                     language_ids: dict[str, int]) -> list[tuple[str, dict[str, float]]]:
     """Whisper's language detection: the decoder's distribution over language tokens after <|startoftranscript|>.
 
+    Args:
+        encoder_output: `[B, 1500, d]` encoder outputs of the windows to classify.
+
     Returns:
-        (the most likely language code, probability of every language code).
+        Per window: (the most likely language code, probability of every language code).
     """
     adapter = WhisperDecoderAdapter(model, encoder_output)
-    logits = adapter.forward(torch.tensor([[sot]], device=adapter.device), adapter.new_cache(), 1)[0, -1]
+    batch = encoder_output.shape[0]
+    ids = torch.full((batch, 1), sot, dtype=torch.long, device=adapter.device)
+    logits = adapter.forward(ids, adapter.new_cache(batch), 1)[:, -1]
     codes = list(language_ids)
-    ids = torch.tensor([language_ids[c] for c in codes], device=logits.device)
-    probs = logits[ids].softmax(-1).tolist()
-    ranked = dict(zip(codes, probs))
-    return max(ranked, key=ranked.get), ranked
+    index = torch.tensor([language_ids[c] for c in codes], device=logits.device)
+    out = []
+    for probs in logits[:, index].softmax(-1).tolist():
+        ranked = dict(zip(codes, probs))
+        out.append((max(ranked, key=ranked.get), ranked))
+    return out

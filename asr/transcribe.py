@@ -1,42 +1,46 @@
 """Transcription of audio of any length: openai-whisper's sequential algorithm, with assisted decoding.
 
 Each 30 s window is encoded once; the decoder (with the assistant's drafts when there is one) produces
-timestamped segments; the next window starts at the end of the last complete segment.
+timestamped segments; the next window starts at the end of the last complete segment. Several files are
+transcribed together by decoding their current windows as one batch; a file that finishes makes room for
+the next (continuous batching at window granularity).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Protocol
+from collections import deque
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
-import torch
 
-from asr.assistants import WindowContext
 from asr.alignment import add_word_timestamps
-from asr.decoder import WhisperDecoderAdapter, detect_language, encode
+from asr.assistants import WindowContext
+from asr.decoder import detect_languages, encode
 from asr.logit_rules import whisper_filters
 from asr.options import TranscribeOptions
 from asr.results import Segment, Transcript, TranscriptionStats
-from asr.window import FallbackRules, WindowResult, decode_with_fallback, no_speech_skip
+from asr.segments import split_segments
+from asr.window import FallbackRules, decode_windows, no_speech_skip
 from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
 from decoding import DraftSource
 
 logger = logging.getLogger(__name__)
 
-# Whisper's timestamps are 0.02 s apart: two mel frames per encoder position.
-TIME_PRECISION = 0.02
-INPUT_STRIDE = 2
-
 
 class WindowAssistant(Protocol):
-    """An assistant for Whisper (see `asr.assistants`): gives a draft source for each window."""
+    """An assistant for Whisper (see `asr.assistants`)."""
 
     name: str
 
-    def for_window(self, window: WindowContext) -> tuple[DraftSource, float]:
-        """Returns the window's draft source and the seconds spent encoding for it (0 when it shares the encoder)."""
+    def prepare(self, windows: list[WindowContext]) -> tuple[Callable[[list[int]], DraftSource], float]:
+        """Readies a batch of windows (running its own encoder once if it has one).
+
+        Returns:
+            A function from window indices to a draft source for those windows (called again for temperature
+            fallbacks), and the seconds spent encoding (0 when it shares the model's encoder).
+        """
 
 
 def resolve_language(code: str | None, bundle) -> str | None:
@@ -84,116 +88,190 @@ def transcribe(
         audio.AudioError: the audio cannot be read.
         ValueError: options the model cannot honour (an unknown language, translation with an English-only model).
     """
-    start = time.perf_counter()
+    return transcribe_many(bundle, [audio], options, assistant, batch_size=1, progress=progress)[0]
+
+
+def transcribe_many(
+    bundle,
+    audios: Sequence[str | np.ndarray],
+    options: TranscribeOptions = TranscribeOptions(),
+    assistant: WindowAssistant | None = None,
+    batch_size: int = 8,
+    progress: Callable[[float, float], None] | None = None,
+) -> list[Transcript]:
+    """Transcribes several audios, decoding up to `batch_size` windows (one per audio) at a time.
+
+    Each transcript holds the words `transcribe` gives for that audio alone (greedy decoding; batched and
+    single kernels may differ in the last bits of a float). Statistics of shared passes are split evenly.
+
+    Raises:
+        audio.AudioError: an audio cannot be read (decode files first to handle them one by one).
+        ValueError: as for `transcribe`, or batch_size < 1.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     language = resolve_language(options.language, bundle)
     if options.task == "translate" and not bundle.is_multilingual:
         raise ValueError(f"model {bundle.name} is English-only; it cannot translate")
-    samples = load_audio(audio)
-    stats = TranscriptionStats(audio_seconds=len(samples) / SAMPLE_RATE)
-    windows = _WindowDecoder(bundle, options, assistant, stats, language)
-    tokenizer = bundle.tokenizer
-
-    all_tokens: list[int] = []
+    initial = []
     if options.initial_prompt:
-        all_tokens = tokenizer.encode(" " + options.initial_prompt.strip(), add_special_tokens=False)
-    prompt_reset_since = 0
-    segments: list[Segment] = []
-    content_frames = len(samples) // HOP_LENGTH
-    seek = 0
-    while seek < content_frames:
-        window = samples[seek * HOP_LENGTH: seek * HOP_LENGTH + N_SAMPLES]
-        segment_size = min(N_FRAMES, content_frames - seek)
-        advance = segment_size
-        if not _is_silent(window[: segment_size * HOP_LENGTH], options.silence_threshold_db):
-            previous = _previous_text(all_tokens[prompt_reset_since:], bundle)
-            window_segments, advance, temperature = windows.decode(window, previous, seek, segment_size)
-            for segment in window_segments:
-                segment.id = len(segments)
-                segments.append(segment)
-                all_tokens.extend(segment.tokens)
-            if not options.condition_on_previous_text or temperature > 0.5:
-                # A hot fallback means the previous text may be off; don't let it steer the next window.
-                prompt_reset_since = len(all_tokens)
-        seek += advance
-        if progress is not None:
-            progress(min(seek, content_frames) * HOP_LENGTH / SAMPLE_RATE, stats.audio_seconds)
+        initial = bundle.tokenizer.encode(" " + options.initial_prompt.strip(), add_special_tokens=False)
+    items = [_Item(load_audio(audio), language, options, initial) for audio in audios]
+    decoder = _WindowDecoder(bundle, options, assistant)
+    waiting = deque(items)
+    active: list[_Item] = []
+    while waiting or active:
+        while waiting and len(active) < batch_size:
+            active.append(waiting.popleft())
+        active = [item for item in active if item.next_window()]
+        if not active:
+            continue
+        decoder.decode(active)
+        if progress is not None and len(items) == 1:
+            progress(items[0].done_seconds, items[0].stats.audio_seconds)
+    return [item.transcript() for item in items]
 
-    stats.total_seconds = time.perf_counter() - start
-    text = "".join(segment.text for segment in segments)
-    return Transcript(text, windows.language or "en", segments, stats, windows.language_probs)
+
+class _Item:
+    """One audio's progress through the sequential algorithm."""
+
+    def __init__(self, samples: np.ndarray, language: str | None, options: TranscribeOptions,
+                 initial_prompt: list[int]) -> None:
+        self.start = time.perf_counter()
+        self.samples = samples
+        self.options = options
+        self.language = language
+        self.language_probs: dict[str, float] | None = None
+        self.stats = TranscriptionStats(audio_seconds=len(samples) / SAMPLE_RATE)
+        self.content_frames = len(samples) // HOP_LENGTH
+        self.seek = 0
+        self.segment_size = 0
+        self.segments: list[Segment] = []
+        self.all_tokens: list[int] = list(initial_prompt)  # the initial prompt conditions the first window
+        self.prompt_reset_since = 0
+        self.finished_at: float | None = None
+
+    @property
+    def done_seconds(self) -> float:
+        return min(self.seek, self.content_frames) * HOP_LENGTH / SAMPLE_RATE
+
+    @property
+    def window(self) -> np.ndarray:
+        return self.samples[self.seek * HOP_LENGTH: self.seek * HOP_LENGTH + N_SAMPLES]
+
+    def next_window(self) -> bool:
+        """Moves to the next window worth decoding (silent ones are skipped); False when the audio is done."""
+        while self.seek < self.content_frames:
+            self.segment_size = min(N_FRAMES, self.content_frames - self.seek)
+            if not _is_silent(self.window[: self.segment_size * HOP_LENGTH], self.options.silence_threshold_db):
+                return True
+            self.seek += self.segment_size
+        if self.finished_at is None:
+            self.finished_at = time.perf_counter()
+        return False
+
+    def previous(self, bundle) -> list[int]:
+        return _previous_text(self.all_tokens[self.prompt_reset_since:], bundle)
+
+    def consume(self, segments: list[Segment], advance: int, temperature: float) -> None:
+        for segment in segments:
+            segment.id = len(self.segments)
+            self.segments.append(segment)
+            self.all_tokens.extend(segment.tokens)
+        if not self.options.condition_on_previous_text or temperature > 0.5:
+            # A hot fallback means the previous text may be off; don't let it steer the next window.
+            self.prompt_reset_since = len(self.all_tokens)
+        self.seek += advance
+
+    def transcript(self) -> Transcript:
+        self.stats.total_seconds = (self.finished_at or time.perf_counter()) - self.start
+        text = "".join(segment.text for segment in self.segments)
+        return Transcript(text, self.language or "en", self.segments, self.stats, self.language_probs)
 
 
 class _WindowDecoder:
-    """Decodes one 30 s window at a time: encoder, language detection, assisted decoding, segments, words."""
+    """Decodes the current window of several items at once: encoder, language, assisted decoding, segments, words."""
 
-    def __init__(self, bundle, options: TranscribeOptions, assistant: WindowAssistant | None,
-                 stats: TranscriptionStats, language: str | None) -> None:
+    def __init__(self, bundle, options: TranscribeOptions, assistant: WindowAssistant | None) -> None:
         self.bundle = bundle
         self.options = options
         self.assistant = assistant
-        self.stats = stats
-        self.language = language
-        self.language_probs: dict[str, float] | None = None
         self.rules = FallbackRules(options.temperatures, options.compression_ratio_threshold,
                                    options.logprob_threshold, options.no_speech_threshold)
 
     def decode_text(self, tokens: list[int]) -> str:
         return self.bundle.tokenizer.decode(tokens)
 
-    def decode(self, window: np.ndarray, previous: list[int], seek: int,
-               segment_size: int) -> tuple[list[Segment], int, float]:
-        """Returns the window's segments, how many mel frames to advance, and the temperature that was kept."""
-        bundle, options, special, stats = self.bundle, self.options, self.bundle.special, self.stats
+    def decode(self, items: list[_Item]) -> None:
+        bundle, options, special = self.bundle, self.options, self.bundle.special
+        share = 1.0 / len(items)
 
-        # 1. Encode the window once, for the model and (when it shares the encoder) the assistant.
+        # 1. Encode the windows once, for the model and (when it shares the encoder) the assistant.
         t = time.perf_counter()
-        features = log_mel(window, bundle.n_mels)
+        features = log_mel([item.window for item in items], bundle.n_mels)
         encoder_output = encode(bundle.model, features)
-        stats.encode_seconds += time.perf_counter() - t
-        if self.language is None:
-            self.language, self.language_probs = detect_language(bundle.model, encoder_output, special.sot,
-                                                                 special.languages)
-            logger.info("detected language %s (p=%.2f)", self.language, self.language_probs[self.language])
+        undetected = [i for i, item in enumerate(items) if item.language is None]
+        if undetected:
+            found = detect_languages(bundle.model, encoder_output[undetected], special.sot, special.languages)
+            for i, (language, probs) in zip(undetected, found):
+                items[i].language, items[i].language_probs = language, probs
+                logger.info("detected language %s (p=%.2f)", language, probs[language])
+        elapsed = time.perf_counter() - t
 
         # 2. Decode with fallback, conditioned on the previous text; the assistant drafts (its encoder runs once).
-        prompt, sot_index = _prompt(bundle, self.language, options, previous)
-        filters = whisper_filters(
-            suppress_tokens=special.suppress_tokens, begin_suppress_tokens=special.begin_suppress_tokens,
-            sample_begin=len(prompt), timestamps=options.timestamps, eot=special.eot,
-            no_timestamps=special.no_timestamps, timestamp_begin=special.timestamp_begin,
-        )
-        draft = None
+        previous = [item.previous(bundle) for item in items]
+        prompts, filters = [], []
+        for item, prev in zip(items, previous):
+            prompt, sot_index = _prompt(bundle, item.language, options, prev)
+            # <|startoftranscript|> sits as far from the end of every prompt (a negative index).
+            sot_from_end = sot_index - len(prompt)
+            prompts.append(prompt)
+            filters.append(whisper_filters(
+                suppress_tokens=special.suppress_tokens, begin_suppress_tokens=special.begin_suppress_tokens,
+                sample_begin=len(prompt), timestamps=options.timestamps, eot=special.eot,
+                no_timestamps=special.no_timestamps, timestamp_begin=special.timestamp_begin,
+            ))
+        make_draft = None
         if self.assistant is not None:
-            draft, assistant_encode_seconds = self.assistant.for_window(WindowContext(
-                features, encoder_output, prompt, filters, previous, self.language, options.task, options.timestamps))
-            stats.encode_seconds += assistant_encode_seconds
+            contexts = [WindowContext(features[i:i + 1], encoder_output[i:i + 1], prompts[i], filters[i], previous[i],
+                                      item.language, options.task, options.timestamps) for i, item in enumerate(items)]
+            make_draft, assistant_seconds = self.assistant.prepare(contexts)
+            elapsed += assistant_seconds
+        for item in items:
+            item.stats.encode_seconds += elapsed * share
         t = time.perf_counter()
-        result = decode_with_fallback(
-            WhisperDecoderAdapter(bundle.model, encoder_output), prompt, rules=self.rules, filters=filters,
-            draft=draft, eot=special.eot, no_speech=special.no_speech, sot_index=sot_index,
-            decode_text=self.decode_text, max_new_tokens=options.max_new_tokens, schedule=options.schedule,
+        decoded = decode_windows(
+            bundle.model, encoder_output, prompts, rules=self.rules, filters=filters, make_draft=make_draft,
+            eot=special.eot, no_speech=special.no_speech, sot_from_end=sot_from_end, decode_text=self.decode_text,
+            max_new_tokens=options.max_new_tokens, schedule=options.schedule,
             num_assistant_tokens=options.num_assistant_tokens,
-            seed=None if options.seed is None else options.seed + seek, stats=stats.generation,
+            seed=None if options.seed is None else options.seed + items[0].seek,
         )
-        stats.decode_seconds += time.perf_counter() - t
-        stats.windows += 1
-        if no_speech_skip(result, self.rules):
-            return [], segment_size, result.temperature
+        elapsed = time.perf_counter() - t
 
-        # 3. Cut the window into segments; word times come from one more pass of the model over the final tokens.
-        time_offset = seek * HOP_LENGTH / SAMPLE_RATE
-        segments, advance = _split_segments(result, special.timestamp_begin, special.eot, seek, time_offset,
-                                            segment_size, segment_size * HOP_LENGTH / SAMPLE_RATE, self.decode_text)
-        if options.word_timestamps and segments:
-            t = time.perf_counter()
-            add_word_timestamps(
-                segments, model=bundle.model, tokenizer=bundle.tokenizer, encoder_output=encoder_output,
-                start_sequence=prompt[sot_index:] + [special.no_timestamps],  # word times need timestamps on
-                eot=special.eot, num_frames=segment_size, time_offset=time_offset,
-                alignment_heads=bundle.alignment_heads, language=self.language,
-            )
-            stats.decode_seconds += time.perf_counter() - t
-        return segments, advance, result.temperature
+        # 3. Cut each window into segments; word times come from one more pass of the model over the final tokens.
+        for i, (item, (result, generation)) in enumerate(zip(items, decoded)):
+            item.stats.generation.add(generation)
+            item.stats.decode_seconds += elapsed * share
+            item.stats.windows += 1
+            if no_speech_skip(result, self.rules):
+                item.consume([], item.segment_size, result.temperature)
+                continue
+            time_offset = item.seek * HOP_LENGTH / SAMPLE_RATE
+            segments, advance = split_segments(result, special.timestamp_begin, special.eot, item.seek, time_offset,
+                                               item.segment_size, item.segment_size * HOP_LENGTH / SAMPLE_RATE,
+                                               self.decode_text)
+            if options.word_timestamps and segments:
+                t = time.perf_counter()
+                sot_index = len(prompts[i]) + sot_from_end
+                add_word_timestamps(
+                    segments, model=bundle.model, tokenizer=bundle.tokenizer, encoder_output=encoder_output[i:i + 1],
+                    start_sequence=prompts[i][sot_index:] + [special.no_timestamps],  # word times need timestamps
+                    eot=special.eot, num_frames=item.segment_size, time_offset=time_offset,
+                    alignment_heads=bundle.alignment_heads, language=item.language,
+                )
+                item.stats.decode_seconds += time.perf_counter() - t
+            item.consume(segments, advance, result.temperature)
 
 
 def _is_silent(samples: np.ndarray, threshold_db: float | None) -> bool:
@@ -222,49 +300,3 @@ def _prompt(bundle, language: str, options: TranscribeOptions, previous: list[in
     return prompt, sot_index
 
 
-def _split_segments(result: WindowResult, timestamp_begin: int, eot: int, seek: int, time_offset: float,
-                    segment_size: int, segment_duration: float, decode_text) -> tuple[list[Segment], int]:
-    """openai-whisper's segmentation of one window's tokens at consecutive timestamp pairs.
-
-    Returns:
-        (the window's segments, how many mel frames to advance).
-    """
-    tokens = result.tokens
-    is_timestamp = [t >= timestamp_begin for t in tokens]
-    single_timestamp_ending = is_timestamp[-2:] == [False, True]
-    consecutive = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
-
-    def make(start: float, end: float, seg_tokens: list[int]) -> Segment:
-        text = decode_text([t for t in seg_tokens if t < eot])
-        return Segment(0, seek, round(start, 3), round(end, 3), text, seg_tokens, result.temperature,
-                       result.avg_logprob, result.compression_ratio, result.no_speech_prob)
-
-    segments: list[Segment] = []
-    if consecutive:
-        slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
-        last = 0
-        for current in slices:
-            piece = tokens[last:current]
-            start = time_offset + (piece[0] - timestamp_begin) * TIME_PRECISION
-            end = time_offset + (piece[-1] - timestamp_begin) * TIME_PRECISION
-            segments.append(make(start, end, piece))
-            last = current
-        if single_timestamp_ending:
-            advance = segment_size
-        else:
-            # The window ended inside speech: resume at the last complete segment's end.
-            advance = (tokens[last - 1] - timestamp_begin) * INPUT_STRIDE or segment_size
-    else:
-        duration = segment_duration
-        timestamps = [t for t in tokens if t >= timestamp_begin]
-        if timestamps and timestamps[-1] != timestamp_begin:
-            duration = (timestamps[-1] - timestamp_begin) * TIME_PRECISION
-        segments.append(make(time_offset, time_offset + duration, tokens))
-        advance = segment_size
-    # An instantaneous segment or one without text carries no words.
-    kept = []
-    for segment in segments:
-        if segment.start == segment.end or not segment.text.strip():
-            continue
-        kept.append(segment)
-    return kept, advance

@@ -6,8 +6,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from decoding import DraftSource, GenerationOptions, GenerationStats, LogitsFilter, SamplingOptions, generate
-from decoding.adapters import ModelAdapter
+import torch
+
+from asr.decoder import WhisperDecoderAdapter
+from decoding import DraftSource, GenerationOptions, GenerationStats, LogitsFilter, SamplingOptions
+from decoding.engine import GenerationResult, generate_batch
 
 
 @dataclass
@@ -47,69 +50,85 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
-def decode_with_fallback(
-    model: ModelAdapter,
-    prompt: Sequence[int],
+def decode_windows(
+    model: torch.nn.Module,
+    encoder_output: torch.Tensor,
+    prompts: Sequence[Sequence[int]],
     *,
     rules: FallbackRules,
-    filters: Sequence[LogitsFilter],
-    draft: DraftSource | None,
+    filters: Sequence[Sequence[LogitsFilter]],
+    make_draft: Callable[[list[int]], DraftSource] | None,
     eot: int,
     no_speech: int | None,
-    sot_index: int,
+    sot_from_end: int,
     decode_text: Callable[[list[int]], str],
     max_new_tokens: int,
     schedule: str,
     num_assistant_tokens: int,
     seed: int | None,
-    stats: GenerationStats,
-) -> WindowResult:
-    """Decodes a window at each temperature in turn until the result passes the checks.
+) -> list[tuple[WindowResult, GenerationStats]]:
+    """Decodes a batch of windows, each at every temperature in turn until its result passes the checks.
+
+    Rows that fail a check are decoded again together at the next temperature; the others are done.
 
     Args:
-        model: the model's decoder adapter for this window.
-        prompt: previous-text tokens and the start-of-transcript sequence.
+        model: the Whisper model.
+        encoder_output: `[B, 1500, d]` the windows' encoder outputs.
+        prompts: per window, previous-text tokens and the start-of-transcript sequence.
         rules: temperatures and thresholds.
-        filters: Whisper's logit rules for this prompt.
-        draft: the assistant's draft source for this window (reused across temperatures), or None.
+        filters: per window, Whisper's logit rules for its prompt.
+        make_draft: rows -> the assistant's draft source for those windows (it reuses its encoder output
+            across temperatures), or None.
         eot: end-of-text id.
-        no_speech: the no-speech token id, whose probability at `sot_index` flags silence.
-        sot_index: position of <|startoftranscript|> in the prompt.
+        no_speech: the no-speech token id, whose probability at <|startoftranscript|> flags silence.
+        sot_from_end: how far <|startoftranscript|> is from the end of every prompt (a negative index).
         decode_text: tokens -> text, for the compression check.
         max_new_tokens: most tokens in one window.
         schedule, num_assistant_tokens: drafting options.
         seed: seed for sampled attempts.
-        stats: accumulates every attempt's statistics.
 
     Returns:
-        The last attempt: the first that passed, or the one at the highest temperature.
+        Per window: the last attempt (the first that passed, or the one at the highest temperature) and the
+        statistics of all its attempts.
     """
-    result = None
+    results: list[WindowResult | None] = [None] * len(prompts)
+    stats = [GenerationStats() for _ in prompts]
+    pending = list(range(len(prompts)))
     for temperature in rules.temperatures:
         options = GenerationOptions(
             max_new_tokens=max_new_tokens,
             eos_token_ids=(eot,),
-            max_length=getattr(model, "max_length", None),
+            max_length=int(model.config.max_target_positions),
             sampling=SamplingOptions(temperature=temperature),
             seed=seed,
             schedule=schedule,
             num_assistant_tokens=num_assistant_tokens,
-            prompt_logits_at=sot_index,
+            prompt_logits_at=sot_from_end,
         )
-        generated = generate(model, prompt, options, draft=draft, filters=filters)
-        stats.add(generated.stats)
-        tokens = generated.tokens[:-1] if generated.finished else generated.tokens
-        # openai-whisper divides by the token count plus one: the end-of-text token's log-probability is included.
-        avg_logprob = sum(generated.logprobs) / (len(tokens) + 1)
-        no_speech_prob = 0.0
-        if no_speech is not None and generated.prompt_logits is not None:
-            no_speech_prob = generated.prompt_logits.float().softmax(-1)[no_speech].item()
-        text = decode_text([t for t in tokens if t < eot])
-        result = WindowResult(tokens, temperature, avg_logprob, compression_ratio(text), no_speech_prob)
-        if not rules.needs_fallback(result):
+        rows = torch.tensor(pending, device=encoder_output.device)
+        adapter = WhisperDecoderAdapter(model, encoder_output.index_select(0, rows))
+        draft = make_draft(pending) if make_draft is not None else None
+        generated = generate_batch(adapter, [prompts[i] for i in pending], options, draft,
+                                   [filters[i] for i in pending])
+        for i, result in zip(pending, generated):
+            stats[i].add(result.stats)
+            results[i] = _window_result(result, temperature, eot, no_speech, decode_text)
+        pending = [i for i in pending if rules.needs_fallback(results[i])]
+        if not pending:
             break
-    assert result is not None  # temperatures is never empty (checked by TranscribeOptions)
-    return result
+    return [(r, s) for r, s in zip(results, stats)]
+
+
+def _window_result(generated: GenerationResult, temperature: float, eot: int, no_speech: int | None,
+                   decode_text: Callable[[list[int]], str]) -> WindowResult:
+    tokens = generated.tokens[:-1] if generated.finished else generated.tokens
+    # openai-whisper divides by the token count plus one: the end-of-text token's log-probability is included.
+    avg_logprob = sum(generated.logprobs) / (len(tokens) + 1)
+    no_speech_prob = 0.0
+    if no_speech is not None and generated.prompt_logits is not None:
+        no_speech_prob = generated.prompt_logits.float().softmax(-1)[no_speech].item()
+    text = decode_text([t for t in tokens if t < eot])
+    return WindowResult(tokens, temperature, avg_logprob, compression_ratio(text), no_speech_prob)
 
 
 def no_speech_skip(result: WindowResult, rules: FallbackRules) -> bool:

@@ -1,0 +1,108 @@
+"""The `asr batch` command: parse, check the output, load the model, call `asr.batch.run_batch`, print the summary.
+
+Wired into the `asr` group with `main.add_command(batch_command)`; `python -m asr.batch_command` runs it alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@click.command("batch", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("source")
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False),
+              help="Results file: one JSON line per item.")
+@click.option("--model", default="base", show_default=True, help="Model name (see `asr models`), hub id or folder.")
+@click.option("--assistant", default="none", show_default=True,
+              help="none, auto, self:bf16, self:int8, a model name, hub id or folder.")
+@click.option("--language", default=None, help="Spoken language code or name (default: detect per item).")
+@click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True)
+@click.option("--without-timestamps", is_flag=True, help="Decode without timestamp tokens (items up to 30 s only).")
+@click.option("--word-timestamps", is_flag=True, help="Add word-level times to the segments.")
+@click.option("--segments", is_flag=True, help="Keep each item's segments in its row.")
+@click.option("--batch-size", default=1, show_default=True, type=int, help="Items transcribed together.")
+@click.option("--workers", default=2, show_default=True, type=int,
+              help="Threads decoding audio ahead of the model (0: decode inline).")
+@click.option("--resume", is_flag=True, help="Continue an earlier run: skip the ids already in --output.")
+@click.option("--overwrite", is_flag=True, help="Delete earlier results (and parts) of --output and start again.")
+@click.option("--audio-column", default="audio", show_default=True, help="Audio column of a dataset.")
+@click.option("--text-column", default="text", show_default=True, help="Reference column of a dataset.")
+@click.option("--split", default=None, help="Dataset split (default: test if there is one, else the first).")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
+              help="Model precision (auto: float32 on CPU, float16 on GPU).")
+@click.option("--threads", type=int, default=None,
+              help="Torch CPU threads per process (default: the cores shared among the processes on this machine).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def batch_command(source, output, model, assistant, language, task, without_timestamps, word_timestamps, segments,
+                  batch_size, workers, resume, overwrite, audio_column, text_column, split, device, dtype, threads,
+                  quiet) -> None:
+    """Transcribe every item of SOURCE (a folder, a JSONL/CSV manifest, or a dataset) into one JSON row each.
+
+    A failed item gets a row with `error` and the run goes on. Under
+    `accelerate launch --num_processes N -m asr batch ...` the items are shared round-robin among the
+    processes and merged into --output in input order.
+    """
+    from asr.api import load_pair
+    from asr.batch import BatchOptions, prepare_output, run_batch
+    from asr.options import TranscribeOptions
+    from asr.shards import detect_processes, finish, start_together
+
+    output_path = Path(output)
+    try:
+        processes = detect_processes()
+        batch = BatchOptions(audio_column=audio_column, text_column=text_column, split=split, batch_size=batch_size,
+                             workers=workers, segments=segments, resume=resume, overwrite=overwrite, progress=not quiet)
+        options = TranscribeOptions(language=language, task=task, timestamps=not without_timestamps,
+                                    word_timestamps=word_timestamps)
+        prepare_output(output_path, batch, processes)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    device, torch_dtype = _setup(device, dtype, threads, processes)
+    start_together(processes, cpu=device == "cpu")
+    try:
+        bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype)
+        summary = run_batch(source, output_path, bundle, helper, options, batch, processes)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    finally:
+        finish(processes)
+    if processes.is_main:
+        click.echo(summary.describe(output), err=True)
+
+
+def _setup(device: str, dtype: str, threads: int | None, processes):
+    """Resolves --device/--dtype/--threads for this process; returns (device, torch dtype)."""
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    if threads is not None and threads < 1:
+        raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
+    if threads is None and processes.local_count > 1:
+        # Processes on one machine share its cores; oversubscribed OpenMP threads slow everyone (design.md §5).
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // processes.local_count)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
+    elif device == "mps" and not torch.backends.mps.is_available():
+        raise click.BadParameter("MPS is not available on this machine", param_hint="--device")
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else "float16"
+    if device == "cuda" and processes.count > 1:
+        device = f"cuda:{processes.local_index % torch.cuda.device_count()}"
+    return device, getattr(torch, dtype)
+
+
+if __name__ == "__main__":
+    batch_command()

@@ -1,0 +1,358 @@
+"""The decoders an evaluation compares, behind one interface: samples in, text and costs out.
+
+- `LibraryBackend`: this project's `asr.transcribe.transcribe`, plain or assisted.
+- `TransformersBackend`: transformers' own `WhisperForConditionalGeneration.generate`, with or without
+  `assistant_model`, on the same loaded model (design.md §5-7: the baseline to beat).
+- `FasterWhisperBackend`: CTranslate2 through faster-whisper, greedy (beam 1), as an outside speed anchor.
+
+A backend that cannot run here raises `BackendUnavailable` when it is built, so the run skips it with a reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+
+from eval.configs import EvalConfig
+
+SAMPLE_RATE = 16000
+# Whisper's window: audio longer than this needs transformers' long-form (sequential) call.
+WINDOW_SAMPLES = 30 * SAMPLE_RATE
+
+
+class BackendUnavailable(Exception):
+    """A configuration that cannot run on this machine (a package or a model form is missing)."""
+
+
+@dataclass
+class Decoded:
+    """What one configuration made of one item, and where the time went (None: the backend cannot tell)."""
+
+    text: str
+    # Language the text is in (given or detected), when the backend says.
+    language: str | None = None
+    # Wall time of the whole call, set by the runner, which times every backend alike.
+    seconds: float = 0.0
+    # Encoder passes (model and assistant) and the rest of decoding.
+    encode_seconds: float | None = None
+    decode_seconds: float | None = None
+    # Tokens produced, and forward passes of the model and the assistant that produced them.
+    generated_tokens: int | None = None
+    model_forward_passes: int | None = None
+    assistant_forward_passes: int | None = None
+    # Drafts checked, drafts kept, verification rounds, and accepted drafts per round -> rounds.
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
+    rounds: int | None = None
+    accepted_length_histogram: dict[int, int] | None = None
+
+
+class Backend(Protocol):
+    """One configuration, ready to decode items."""
+
+    config: EvalConfig
+
+    def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
+        """Transcribes 16 kHz mono float32 samples; `language` None means detect."""
+
+
+class LibraryBackend:
+    """`asr.transcribe.transcribe`, with or without an assistant."""
+
+    def __init__(self, config: EvalConfig, bundle: Any, assistant: Any) -> None:
+        from asr.options import TranscribeOptions
+
+        self.config = config
+        self.bundle = bundle
+        self.assistant = assistant
+        options = TranscribeOptions()
+        if config.schedule is not None:
+            options = replace(options, schedule=config.schedule)
+        if config.num_assistant_tokens is not None:
+            options = replace(options, num_assistant_tokens=config.num_assistant_tokens)
+        if config.temperature is not None:
+            options = replace(options, temperatures=(config.temperature,))
+        self.options = options
+
+    def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
+        from asr.transcribe import transcribe
+
+        transcript = transcribe(self.bundle, samples, replace(self.options, language=language), self.assistant)
+        stats, generation = transcript.stats, transcript.stats.generation
+        assisted = self.assistant is not None
+        return Decoded(
+            text=transcript.text, language=transcript.language,
+            encode_seconds=stats.encode_seconds, decode_seconds=stats.decode_seconds,
+            generated_tokens=generation.generated_tokens, model_forward_passes=generation.model_forward_passes,
+            assistant_forward_passes=generation.assistant_forward_passes if assisted else None,
+            drafted_tokens=generation.drafted_tokens if assisted else None,
+            accepted_tokens=generation.accepted_tokens if assisted else None,
+            rounds=generation.rounds if assisted else None,
+            accepted_length_histogram=dict(generation.accepted_length_histogram) if assisted else None,
+        )
+
+
+class TransformersBackend:
+    """transformers' `generate()` on the loaded model, optionally with `assistant_model`, called as its users would.
+
+    Greedy, no temperature fallback. Up to 30 s: the short-form call, without timestamps (transformers 5.24's
+    assisted path with timestamps and fewer than 20 drafts per round stops after the first round's text).
+    Longer: the long-form call with timestamps (each window without the previous text, transformers' default).
+
+    Forward passes are counted with hooks on the top-level modules (the encoder runs through `get_encoder()`,
+    so it is not counted) and encoder time with hooks on the encoders. transformers' assisted generation does not
+    report acceptance, so drafts and acceptance are left unknown; tokens per model pass still show the gain.
+    """
+
+    def __init__(self, config: EvalConfig, bundle: Any, assistant_bundle: Any | None) -> None:
+        self.config = config
+        self.bundle = bundle
+        self.assistant_model = None
+        # The assistant's generation config for this configuration's k and schedule (None: the model's own).
+        self.assistant_generation_config = None
+        self.extra: dict[str, Any] = {}
+        if config.kind == "transformers-assisted":
+            if assistant_bundle is None:
+                # The model assisting itself: a copy, so its passes are counted apart (transformers re-encodes
+                # for the assistant either way).
+                self.assistant_model = copy.deepcopy(bundle.model).eval()
+            else:
+                self.assistant_model = assistant_bundle.model
+                if assistant_bundle.tokenizer.get_vocab() != bundle.tokenizer.get_vocab():
+                    # Universal Assisted Generation: transformers refuses other tokenizers unless given both.
+                    self.extra.update(tokenizer=bundle.tokenizer, assistant_tokenizer=assistant_bundle.tokenizer)
+            if config.schedule is not None or config.num_assistant_tokens is not None:
+                # Otherwise transformers' own defaults, as its users get them. "heuristic" becomes
+                # "heuristic_transient", which restarts k on every call as this library does per item; plain
+                # "heuristic" would carry k from one item into the next. Set per call: configurations may
+                # share an assistant.
+                generation_config = copy.deepcopy(self.assistant_model.generation_config)
+                if config.schedule is not None:
+                    generation_config.num_assistant_tokens_schedule = \
+                        "heuristic_transient" if config.schedule == "heuristic" else config.schedule
+                if config.num_assistant_tokens is not None:
+                    generation_config.num_assistant_tokens = config.num_assistant_tokens
+                self.assistant_generation_config = generation_config
+
+    def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
+        import torch
+
+        bundle, model = self.bundle, self.bundle.model
+        long_form = len(samples) > WINDOW_SAMPLES
+        counts = _PassCounter(model, self.assistant_model)
+        start = time.perf_counter()
+        if long_form:
+            inputs = bundle.feature_extractor(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt",
+                                              truncation=False, padding="longest", return_attention_mask=True)
+        else:
+            inputs = bundle.feature_extractor(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt")
+        parameter = next(model.parameters())
+        kwargs: dict[str, Any] = dict(self.extra)
+        kwargs["input_features"] = inputs.input_features.to(parameter.device, parameter.dtype)
+        if long_form:
+            # Sequential long-form needs timestamps. transformers' default of not conditioning on the previous
+            # text is kept: without its temperature fallback, conditioning lets greedy decoding loop.
+            kwargs.update(attention_mask=inputs.attention_mask.to(parameter.device), return_timestamps=True)
+        if bundle.is_multilingual:
+            kwargs["task"] = "transcribe"
+            if language is not None:
+                kwargs["language"] = language
+        if self.assistant_model is not None:
+            kwargs["assistant_model"] = self.assistant_model
+        with counts, self._assistant_settings(), torch.inference_mode():
+            output = model.generate(**kwargs)
+        seconds = time.perf_counter() - start
+        sequences = output if torch.is_tensor(output) else output["sequences"]
+        eot = bundle.special.eot
+        # Prompt and end tokens are specials (>= eot in Whisper's vocabulary), and so are timestamps.
+        tokens = [t for t in sequences[0].tolist() if t < eot]
+        # Text and timestamp tokens, and one end token (transformers drops it from the output; one per window
+        # in long-form, which this undercounts).
+        produced = [t for t in sequences[0].tolist() if t < eot or t >= bundle.special.timestamp_begin] + [eot]
+        return Decoded(
+            text=bundle.tokenizer.decode(tokens), language=language,
+            encode_seconds=counts.encode_seconds, decode_seconds=max(seconds - counts.encode_seconds, 0.0),
+            generated_tokens=len(produced), model_forward_passes=counts.model_passes,
+            assistant_forward_passes=counts.assistant_passes if self.assistant_model is not None else None,
+            rounds=counts.model_passes if self.assistant_model is not None else None,
+        )
+
+    @contextlib.contextmanager
+    def _assistant_settings(self) -> Iterator[None]:
+        """This configuration's generation config on the assistant for one call."""
+        if self.assistant_generation_config is None:
+            yield
+            return
+        saved = self.assistant_model.generation_config
+        self.assistant_model.generation_config = self.assistant_generation_config
+        try:
+            yield
+        finally:
+            self.assistant_model.generation_config = saved
+
+
+class _PassCounter:
+    """Counts forward passes of a model and its assistant, and times their encoders, through module hooks."""
+
+    def __init__(self, model: Any, assistant: Any | None) -> None:
+        self.model, self.assistant = model, assistant
+        self.model_passes = self.assistant_passes = 0
+        self.encode_seconds = 0.0
+        self._handles: list[Any] = []
+        self._started: list[float] = []
+
+    def __enter__(self) -> "_PassCounter":
+        self._handles.append(self.model.register_forward_hook(lambda *_: self._count("model_passes")))
+        encoders = [self.model.get_encoder()]
+        if self.assistant is not None:
+            self._handles.append(self.assistant.register_forward_hook(lambda *_: self._count("assistant_passes")))
+            if hasattr(self.assistant, "get_encoder"):
+                encoders.append(self.assistant.get_encoder())
+        for encoder in encoders:
+            self._handles.append(encoder.register_forward_pre_hook(lambda *_: self._start()))
+            self._handles.append(encoder.register_forward_hook(lambda *_: self._stop()))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _count(self, name: str) -> None:
+        setattr(self, name, getattr(self, name) + 1)
+
+    def _start(self) -> None:
+        self._started.append(time.perf_counter())
+
+    def _stop(self) -> None:
+        if self._started:
+            self.encode_seconds += time.perf_counter() - self._started.pop()
+
+
+class FasterWhisperBackend:
+    """faster-whisper (CTranslate2) on the same weights, greedy: beam 1, the same temperature fallback."""
+
+    def __init__(self, config: EvalConfig, model_name: str, device: str, threads: int) -> None:
+        try:
+            from faster_whisper import WhisperModel
+        except ImportError:
+            raise BackendUnavailable("the faster-whisper package is not installed (pip install faster-whisper)") \
+                from None
+        folder = ct2_folder(model_name)
+        if folder is None:
+            raise BackendUnavailable(f"model {model_name!r} has no CTranslate2 (faster-whisper) form here")
+        self.config = config
+        on_gpu = device.startswith("cuda")
+        # The weights are float16; on a CPU CTranslate2 would compute in float32 anyway (and warn about it).
+        compute_type = config.compute_type or ("default" if on_gpu else "float32")
+        try:
+            self.model = WhisperModel(str(folder), device="cuda" if on_gpu else "cpu", compute_type=compute_type,
+                                      cpu_threads=threads, local_files_only=True)
+        except ValueError as error:  # CTranslate2 names a compute type it cannot use here
+            raise BackendUnavailable(f"faster-whisper cannot load {folder}: {error}") from None
+
+    def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
+        segments, info = self.model.transcribe(samples, language=language, beam_size=1, vad_filter=False)
+        segments = list(segments)  # the generator decodes as it is consumed
+        return Decoded(text="".join(s.text for s in segments), language=info.language,
+                       generated_tokens=sum(len(s.tokens) for s in segments))
+
+
+def ct2_folder(model_name: str) -> Path | None:
+    """A folder faster-whisper can load for `model_name` (a CTranslate2 folder, or an installed package), or None.
+
+    A package that ships `model.bin` in parts (`base`) is joined once into the conversion cache.
+    """
+    from asr import registry
+
+    path = Path(model_name).expanduser()
+    if path.is_dir():
+        return path if (path / "model.bin").is_file() else None
+    if model_name not in registry.PACKAGES:
+        return None
+    try:
+        source = registry.PACKAGES[model_name]()
+    except ImportError:
+        return None
+    files = source.model_files
+    if not all(f.is_file() for f in files):
+        return None
+    if len(files) == 1 and files[0].name == "model.bin" and files[0].parent == source.config_json.parent:
+        return files[0].parent
+    folder = registry.cache_dir() / f"faster-whisper-{model_name}"
+    _join_parts(files, source.config_json.parent, folder)
+    return folder
+
+
+def _join_parts(parts: tuple[Path, ...], data: Path, folder: Path) -> None:
+    """Writes `folder/model.bin` from its parts (atomically) beside links to the other files in `data`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in data.iterdir():
+        if file.is_file() and not file.name.startswith("model.bin"):
+            target = folder / file.name
+            if not target.exists():
+                with contextlib.suppress(FileExistsError):
+                    target.symlink_to(file.resolve())
+    joined = folder / "model.bin"
+    size = sum(p.stat().st_size for p in parts)
+    if joined.is_file() and joined.stat().st_size == size:
+        return
+    partial = folder / f".model.bin.{os.getpid()}"
+    with open(partial, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as handle:
+                while chunk := handle.read(1 << 24):
+                    out.write(chunk)
+    os.replace(partial, joined)
+
+
+
+def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, device: str, dtype: Any,
+                  threads: int) -> tuple[list[Backend], dict[str, str]]:
+    """Builds a backend for each configuration; assistants named twice are loaded once.
+
+    Returns:
+        (the backends that can run, in the configurations' order; skipped configuration name -> reason).
+
+    Raises:
+        ValueError: an assistant that does not exist or cannot work with the model (before any decoding).
+    """
+    from asr.assistants import make_assistant
+    from asr.registry import load_model
+
+    assistants: dict[str, Any] = {}
+    bundles: dict[str, Any] = {}
+    backends: list[Backend] = []
+    skipped: dict[str, str] = {}
+    for config in configs:
+        try:
+            if config.kind in ("greedy", "assisted"):
+                assistant = None
+                if config.kind == "assisted":
+                    if config.assistant not in assistants:
+                        assistants[config.assistant] = make_assistant(config.assistant, bundle, device=device,
+                                                                      dtype=dtype)
+                    assistant = assistants[config.assistant]
+                backends.append(LibraryBackend(config, bundle, assistant))
+            elif config.kind in ("transformers", "transformers-assisted"):
+                assistant_bundle = None
+                if config.kind == "transformers-assisted" and config.assistant != "self":
+                    if config.assistant.startswith("self:"):
+                        raise ValueError(f"configuration {config.name!r}: transformers' assisted generation "
+                                         "takes a whole model; use transformers-assisted:self or a model name")
+                    if config.assistant not in bundles:
+                        bundles[config.assistant] = load_model(config.assistant, device=device, dtype=dtype)
+                    assistant_bundle = bundles[config.assistant]
+                backends.append(TransformersBackend(config, bundle, assistant_bundle))
+            else:
+                backends.append(FasterWhisperBackend(config, model_name, device, threads))
+        except BackendUnavailable as reason:
+            skipped[config.name] = str(reason)
+    return backends, skipped

@@ -1,0 +1,105 @@
+"""`asr eval`: WER, latency and exactness of several decoding configurations, side by side, as a report.
+
+The `asr` group adds it with `main.add_command(eval_command)`; heavy imports stay inside the command.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@click.command("eval")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--model", default="base", show_default=True, help="Model name (see `asr models`), hub id or folder.")
+@click.option("--compare", "compare", multiple=True, metavar="CONFIG",
+              help="A configuration, repeatable; the first is the reference for speed-ups and exactness: greedy, "
+                   "assisted:NAME[,schedule=S][,k=N][,temperature=T], transformers, "
+                   "transformers-assisted:NAME[,k=N], faster-whisper[,compute_type=C]. "
+                   "Default: greedy and assisted:self:int8 (self:fp16 off the CPU).")
+@click.option("--report", "report_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for report.md, report.json, items.jsonl and the plots.")
+@click.option("--language", default=None, help="Decode and score every item in this language (default: each "
+                                                 "item's own, else detected).")
+@click.option("--limit", type=int, default=None, help="Only the first N items.")
+@click.option("--audio-column", default="audio", show_default=True, help="Dataset column with the audio.")
+@click.option("--text-column", default="text", show_default=True, help="Dataset column with the reference.")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
+              help="Model precision (auto: float32 on CPU, float16 on GPU).")
+@click.option("--threads", type=int, default=None, help="Torch CPU threads (faster-whisper gets as many).")
+@click.option("--quiet", "-q", is_flag=True, help="No line per item.")
+def eval_command(sources, model, compare, report_dir, language, limit, audio_column, text_column, device, dtype,
+                 threads, quiet) -> None:
+    """Compare decoding configurations on SOURCE... (folders, manifests with `text`, datasets): WER, latency
+    and exactness, written to --report DIR as tables, JSON and plots."""
+    from eval.evaluate import evaluate
+    from eval.report import write_report
+    from eval.runner import Failure
+
+    try:  # an unwritable report folder should fail now, not after the run
+        Path(report_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise click.BadParameter(f"cannot create {report_dir}: {error.strerror or error}",
+                                 param_hint="--report") from None
+    device, torch_dtype = _setup(device, dtype, threads)
+    if not compare:
+        compare = ("greedy", "assisted:self:int8" if device == "cpu" else "assisted:self:fp16")
+
+    def on_message(text: str) -> None:
+        click.echo(f"warning: {text}", err=True)
+
+    def on_item(item, outcomes) -> None:
+        if quiet:
+            return
+        parts = [f"{name} failed" if isinstance(o, Failure) else f"{name} {o.seconds:.2f} s"
+                 for name, o in outcomes.items()]
+        click.echo(f"{item.id} ({item.audio_seconds:.1f} s): " + " | ".join(parts), err=True)
+
+    try:
+        report = evaluate(sources, compare, model=model, language=language, limit=limit, device=device,
+                          dtype=torch_dtype, audio_column=audio_column, text_column=text_column,
+                          on_message=on_message, on_item=on_item)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    report["run"]["command"] = shlex.join(["asr", "eval", *sys.argv[2:]]) if sys.argv[1:2] == ["eval"] else None
+    write_report(report, report_dir)
+    for config in report["configurations"]:
+        wer = "-" if config["wer"] is None else f"{100 * config['wer']:.2f} %"
+        rtf = "-" if config["median_rtf"] is None else f"{config['median_rtf']:.3f}"
+        speedup = "-" if config["speedup"] is None else f"{config['speedup']:.2f}x"
+        exact = "-" if config["exact_match_rate"] is None else f"{100 * config['exact_match_rate']:.0f} %"
+        click.echo(f"{config['name']}: WER {wer}, median RTF {rtf}, speed-up {speedup}, exact {exact}")
+    click.echo(f"report written to {report_dir}/report.md")
+    if report["items_decodable"] == 0:
+        click.echo("error: no item could be decoded (see the report's problems)", err=True)
+        sys.exit(1)
+
+
+def _setup(device: str, dtype: str, threads: int | None):
+    """Resolves --device/--dtype/--threads into torch settings; returns (device, torch dtype)."""
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    # transformers' generate() warns about its own defaults on every call; the report says what ran.
+    transformers_logging.set_verbosity_error()
+    if threads is not None:
+        if threads < 1:
+            raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
+        torch.set_num_threads(threads)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
+    elif device == "mps" and not torch.backends.mps.is_available():
+        raise click.BadParameter("MPS is not available on this machine", param_hint="--device")
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else "float16"
+    return device, getattr(torch, dtype)

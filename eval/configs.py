@@ -1,0 +1,142 @@
+"""Decoding configurations to compare, parsed from `--compare` strings.
+
+    greedy                                  the model alone (this library's decoder)
+    assisted:NAME[,OPTION=VALUE...]         this library's assisted decoding; NAME as `asr transcribe --assistant`
+    transformers                            transformers' own `generate()`, no assistant
+    transformers-assisted:NAME[,k=..]       transformers' `generate(assistant_model=...)`: the baseline to beat
+    faster-whisper[,compute_type=..]        CTranslate2, when installed: the outside speed anchor
+
+Options: `schedule=heuristic|constant|confidence`, `k=N` (drafts per round, at the start), `temperature=T`
+(a single temperature, no fallback), `compute_type=default|int8|float32|...` (faster-whisper only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+KINDS = ("greedy", "assisted", "transformers", "transformers-assisted", "faster-whisper")
+# Kinds that need an assistant NAME after the colon.
+ASSISTED_KINDS = frozenset({"assisted", "transformers-assisted"})
+# Options each kind accepts.
+OPTIONS = {
+    "greedy": ("temperature",),
+    "assisted": ("schedule", "k", "temperature"),
+    "transformers": (),
+    "transformers-assisted": ("schedule", "k"),
+    "faster-whisper": ("compute_type",),
+}
+# transformers knows only these two schedules.
+TRANSFORMERS_SCHEDULES = ("heuristic", "constant")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One configuration of a comparison."""
+
+    # The `--compare` string as given: the configuration's name in every table.
+    name: str
+    # One of KINDS.
+    kind: str
+    # The assistant (for the assisted kinds): `self:int8`, `tiny.en`, a hub id or a folder.
+    assistant: str | None = None
+    # Drafting schedule and its starting k (None: the library's default).
+    schedule: str | None = None
+    num_assistant_tokens: int | None = None
+    # One temperature, no fallback (None: the default fallback chain).
+    temperature: float | None = None
+    # CTranslate2 compute type for faster-whisper (None: float32 on a CPU, the weights' own type on a GPU).
+    compute_type: str | None = None
+
+    @property
+    def uses_assistant(self) -> bool:
+        return self.kind in ASSISTED_KINDS
+
+
+def parse_config(text: str) -> EvalConfig:
+    """Parses one `--compare` value.
+
+    Raises:
+        ValueError: an unknown kind or option, a missing assistant name, or a bad value.
+    """
+    name = text.strip()
+    head, *option_parts = [part.strip() for part in name.split(",")]
+    kind, colon, assistant = head.partition(":")
+    kind = kind.strip()
+    if kind not in KINDS:
+        raise ValueError(f"unknown configuration {name!r}; start it with one of {', '.join(KINDS)}")
+    if kind in ASSISTED_KINDS:
+        if not assistant.strip():
+            raise ValueError(f"configuration {name!r} needs an assistant: {kind}:NAME (e.g. {kind}:tiny.en)")
+    elif colon:
+        raise ValueError(f"configuration {name!r}: {kind} takes no assistant; use assisted:{assistant}")
+    options: dict[str, str] = {}
+    for part in option_parts:
+        key, equals, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not equals or not key or not value:
+            raise ValueError(f"configuration {name!r}: expected OPTION=VALUE, got {part!r}")
+        if key not in OPTIONS[kind]:
+            accepted = ", ".join(OPTIONS[kind]) or "none"
+            raise ValueError(f"configuration {name!r}: unknown option {key!r} for {kind} (accepted: {accepted})")
+        if key in options:
+            raise ValueError(f"configuration {name!r}: option {key!r} given twice")
+        options[key] = value
+    return EvalConfig(
+        name=name, kind=kind, assistant=assistant.strip() or None,
+        schedule=_schedule(options.get("schedule"), kind, name),
+        num_assistant_tokens=_positive_int(options.get("k"), "k", name),
+        temperature=_temperature(options.get("temperature"), name),
+        compute_type=options.get("compute_type"),
+    )
+
+
+def parse_configs(texts: Sequence[str]) -> list[EvalConfig]:
+    """Parses every `--compare` value; the first is the reference for speed-ups and exactness.
+
+    Raises:
+        ValueError: a bad configuration, or the same one twice.
+    """
+    configs = [parse_config(text) for text in texts]
+    names = [c.name for c in configs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"configuration {repeated[0]!r} given twice")
+    if not configs:
+        raise ValueError("no configuration to compare; pass --compare greedy (and more)")
+    return configs
+
+
+def _schedule(value: str | None, kind: str, name: str) -> str | None:
+    if value is None:
+        return None
+    from decoding.schedule import SCHEDULES
+
+    accepted = TRANSFORMERS_SCHEDULES if kind == "transformers-assisted" else SCHEDULES
+    if value not in accepted:
+        raise ValueError(f"configuration {name!r}: unknown schedule {value!r}; choose one of {', '.join(accepted)}")
+    return value
+
+
+def _positive_int(value: str | None, key: str, name: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"configuration {name!r}: {key} must be a whole number >= 1, got {value!r}")
+    return number
+
+
+def _temperature(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0:  # also refuses NaN
+        raise ValueError(f"configuration {name!r}: temperature must be a number >= 0, got {value!r}")
+    return number

@@ -1,0 +1,93 @@
+"""One call from sources and configuration strings to a finished report dictionary (what `asr eval` runs)."""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from typing import Any, Callable, Iterator, Sequence
+
+from eval.configs import parse_configs
+from eval.metrics import summarize
+from eval.runner import run_interleaved
+
+
+def evaluate(
+    sources: Sequence[str],
+    compare: Sequence[str],
+    *,
+    model: str = "base",
+    language: str | None = None,
+    limit: int | None = None,
+    device: str = "cpu",
+    dtype: Any = None,
+    audio_column: str = "audio",
+    text_column: str = "text",
+    on_message: Callable[[str], None] | None = None,
+    on_item: Callable | None = None,
+) -> dict[str, Any]:
+    """Runs every configuration over the items of `sources`, interleaved, and summarises the run.
+
+    Args:
+        sources: folders, manifests or datasets, as `asr batch` takes them.
+        compare: configuration strings (see `eval.configs`); the first is the reference.
+        model: the Whisper model every configuration decodes with.
+        language: decode and score every item in this language (None: each item's own, else detected).
+        limit: evaluate only the first `limit` items (over all sources).
+        device, dtype: where and in which precision the model runs (dtype None: float32).
+        on_message: called with one-line messages: skipped configurations, bad items, failed decodes.
+        on_item: called after each item with (item, {configuration: result}).
+
+    Returns:
+        `eval.metrics.summarize`'s dictionary with a `run` entry (model, device, sources, versions...).
+
+    Raises:
+        ValueError: a bad configuration or source, an unknown model or assistant, or nothing that can run.
+    """
+    import torch
+    import transformers
+
+    from asr.registry import load_model
+    from eval.backends import make_backends
+
+    message = on_message or (lambda _: None)
+    configs = parse_configs(compare)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    items = _open_sources(sources, audio_column, text_column)
+    dtype = dtype or torch.float32
+    bundle = load_model(model, device=device, dtype=dtype)
+    backends, skipped = make_backends(configs, model, bundle, device=device, dtype=dtype,
+                                      threads=torch.get_num_threads())
+    for name, reason in skipped.items():
+        message(f"skipping configuration {name}: {reason}")
+    if not backends:
+        raise ValueError("no configuration can run here: " + "; ".join(f"{n}: {r}" for n, r in skipped.items()))
+    run = run_interleaved(items, backends, language=language, limit=limit, on_item=on_item, on_problem=message)
+    run.skipped = skipped
+    missing = [item.id for item in run.items if item.error is None and item.reference is None]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        message(f"{len(missing)} item(s) without reference text, timed but not scored: {shown}")
+    report = summarize(run)
+    report["run"] = {
+        "model": model, "device": device, "dtype": str(dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(), "sources": list(sources),
+        "configurations": [c.name for c in configs], "language": language, "limit": limit,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    return report
+
+
+def _open_sources(sources: Sequence[str], audio_column: str, text_column: str) -> Iterator:
+    """The items of every source in turn; a source that cannot be opened fails here, before any model loads."""
+    from asr.sources import iter_items
+
+    if not sources:
+        raise ValueError("no source given")
+    opened = []
+    for source in sources:
+        iterator = iter_items(source, audio_column=audio_column, text_column=text_column)
+        first = next(iterator, None)  # iter_items raises ValueError on its first step for a bad source
+        opened.append(itertools.chain([first], iterator) if first is not None else iter(()))
+    return itertools.chain.from_iterable(opened)

@@ -1,0 +1,144 @@
+"""Runs every configuration over the same items, interleaved, after a warm-up.
+
+Item by item, each configuration decodes the same samples in turn (the order rotates from item to item), so
+drift of the machine (other jobs, clocks, caches) hits every configuration alike. Before anything is counted,
+the first readable item goes once through every configuration: first calls pay for lazy initialisation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from eval.backends import Backend, Decoded
+from eval.configs import EvalConfig
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+
+
+@dataclass
+class EvalItem:
+    """One input item, as the evaluation saw it."""
+
+    id: str
+    # Where the audio came from (path or name), for messages.
+    display: str
+    # Reference transcript (None: the source had none, so the item counts for latency only).
+    reference: str | None
+    subset: str | None
+    # Language the item is decoded and scored in (None: detected).
+    language: str | None
+    audio_seconds: float = 0.0
+    # Why the item could not be decoded at all (bad manifest line, unreadable audio); None when it could.
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A configuration that failed on one item, with the one-line reason."""
+
+    message: str
+
+
+@dataclass
+class EvalRun:
+    """Everything an evaluation measured; `results[name][i]` belongs to `items[i]` (None: item not decodable)."""
+
+    configs: list[EvalConfig]
+    items: list[EvalItem] = field(default_factory=list)
+    results: dict[str, list[Decoded | Failure | None]] = field(default_factory=dict)
+    # Configurations that could not run here, with the reason.
+    skipped: dict[str, str] = field(default_factory=dict)
+    # Id of the warm-up item (decoded once by every configuration, not counted), or None.
+    warmup_item: str | None = None
+
+
+def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: str | None = None,
+                    limit: int | None = None, warmup: bool = True,
+                    on_item: Callable[[EvalItem, dict[str, Decoded | Failure | None]], None] | None = None,
+                    on_problem: Callable[[str], None] | None = None) -> EvalRun:
+    """Decodes each item with every backend in turn.
+
+    Args:
+        items: `asr.sources.Item`s (id, audio, text, subset, language, error).
+        backends: one per configuration; the first is the reference for speed-ups and exactness.
+        language: decode and score every item in this language (None: each item's own, else detected).
+        limit: stop after this many items (None: all).
+        warmup: decode the first readable item once with every backend before counting.
+        on_item: called after each item with its results (for progress lines).
+        on_problem: called with a one-line message for each item or decode that failed.
+
+    Returns:
+        The items and, per configuration name, one result per item.
+    """
+    from asr.sources import load_item_audio
+
+    run = EvalRun(configs=[b.config for b in backends])
+    run.results = {b.config.name: [] for b in backends}
+    seen: dict[str, int] = {}
+    for index, source_item in enumerate(items):
+        if limit is not None and index >= limit:
+            break
+        item = EvalItem(id=_unique(str(source_item.id), seen), display=str(source_item.display),
+                        reference=source_item.text, subset=source_item.subset,
+                        language=language or source_item.language, error=source_item.error)
+        samples = None
+        if item.error is None:
+            try:
+                samples = load_item_audio(source_item)
+            except ValueError as error:  # audio.AudioError: missing, corrupt, empty or undecodable
+                item.error = str(error)
+        if samples is not None:
+            item.audio_seconds = len(samples) / SAMPLE_RATE
+        if item.error is not None and on_problem is not None:
+            # Source errors name their file (and line) already.
+            on_problem(item.error if item.id in item.error else f"{item.id}: {item.error}")
+        run.items.append(item)
+        if samples is None:
+            for results in run.results.values():
+                results.append(None)
+            continue
+        if warmup and run.warmup_item is None:
+            run.warmup_item = item.id
+            for backend in backends:
+                _decode(backend, samples, item, None)
+        outcomes = _decode_all(backends, samples, item, len(run.items) - 1, on_problem)
+        for name, outcome in outcomes.items():
+            run.results[name].append(outcome)
+        if on_item is not None:
+            on_item(item, outcomes)
+    return run
+
+
+def _decode_all(backends: Sequence[Backend], samples, item: EvalItem, position: int,
+                on_problem: Callable[[str], None] | None) -> dict[str, Decoded | Failure]:
+    """Every backend on one item, starting from a different one each item so none always runs first."""
+    start = position % len(backends) if backends else 0
+    order = list(backends[start:]) + list(backends[:start])
+    outcomes = {backend.config.name: _decode(backend, samples, item, on_problem) for backend in order}
+    return {backend.config.name: outcomes[backend.config.name] for backend in backends}
+
+
+def _decode(backend: Backend, samples, item: EvalItem, on_problem: Callable[[str], None] | None) -> Decoded | Failure:
+    start = time.perf_counter()
+    try:
+        decoded = backend.decode(samples, item.language)
+    except Exception as error:  # one item or configuration must not end a long run; the reason is kept
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        failure = Failure(f"{type(error).__name__}: {message}" if message else type(error).__name__)
+        logger.debug("%s failed on %s", backend.config.name, item.id, exc_info=True)
+        if on_problem is not None:
+            on_problem(f"{item.id}: {backend.config.name} failed ({failure.message})")
+        return failure
+    decoded.seconds = time.perf_counter() - start
+    return decoded
+
+
+def _unique(item_id: str, seen: dict[str, int]) -> str:
+    """The id, with `#2`, `#3`... added when several sources give the same one."""
+    seen[item_id] = seen.get(item_id, 0) + 1
+    return item_id if seen[item_id] == 1 else f"{item_id}#{seen[item_id]}"
