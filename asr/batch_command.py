@@ -46,8 +46,9 @@ def batch_command(source, output, model, assistant, language, task, without_time
     """Transcribe every item of SOURCE (a folder, a JSONL/CSV manifest, or a dataset) into one JSON row each.
 
     A failed item gets a row with `error` and the run goes on. Under
-    `accelerate launch --num_processes N -m asr batch ...` the items are shared round-robin among the
-    processes and merged into --output in input order.
+    `accelerate launch --multi_gpu --num_processes N -m asr batch ...` (`--multi_gpu` also on CPU-only
+    machines: it is accelerate's torchrun launcher) the items are shared round-robin among the processes
+    and merged into --output in input order.
     """
     from asr.api import load_pair
     from asr.batch import BatchOptions, prepare_output, run_batch
