@@ -10,8 +10,7 @@ from pathlib import Path
 
 import click
 
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+from asr.runtime import DEVICES, DTYPES, setup_runtime
 
 
 @click.command("batch", context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,28 +80,15 @@ def batch_command(source, output, model, assistant, language, task, without_time
 def _setup(device: str, dtype: str, threads: int | None, processes):
     """Resolves --device/--dtype/--threads for this process; returns (device, torch dtype)."""
     import torch
-    from transformers.utils import logging as transformers_logging
 
-    transformers_logging.disable_progress_bar()
-    if threads is not None and threads < 1:
-        raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
     if threads is None and processes.local_count > 1:
         # Processes on one machine share its cores; oversubscribed OpenMP threads slow everyone (design.md §5).
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         threads = max(1, cores // processes.local_count)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
-    elif device == "mps" and not torch.backends.mps.is_available():
-        raise click.BadParameter("MPS is not available on this machine", param_hint="--device")
-    if dtype == "auto":
-        dtype = "float32" if device == "cpu" else "float16"
+    device, torch_dtype = setup_runtime(device, dtype, threads)
     if device == "cuda" and processes.count > 1:
         device = f"cuda:{processes.local_index % torch.cuda.device_count()}"
-    return device, getattr(torch, dtype)
+    return device, torch_dtype
 
 
 if __name__ == "__main__":

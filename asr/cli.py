@@ -7,31 +7,7 @@ import sys
 
 import click
 
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
-
-
-def _setup(device: str, dtype: str, threads: int | None):
-    """Resolves --device/--dtype/--threads into torch settings; returns (device, torch dtype)."""
-    import torch
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
-
-    if threads is not None:
-        if threads < 1:
-            raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
-        torch.set_num_threads(threads)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
-    elif device == "mps" and not torch.backends.mps.is_available():
-        raise click.BadParameter("MPS is not available on this machine", param_hint="--device")
-    if dtype == "auto":
-        dtype = "float32" if device == "cpu" else "float16"
-    return device, getattr(torch, dtype)
-
+from asr.runtime import DEVICES, DTYPES, setup_runtime
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
@@ -70,7 +46,7 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
     from asr.api import TranscribeOptions, load_pair, transcribe_file
     from asr.writers import output_formats, write_outputs
 
-    device, torch_dtype = _setup(device, dtype, threads)
+    device, torch_dtype = setup_runtime(device, dtype, threads)
     try:
         options = TranscribeOptions(
             language=language, task=task, timestamps=not without_timestamps, word_timestamps=word_timestamps,
@@ -137,7 +113,7 @@ def generate(model, assistant, prompt, max_new_tokens, temperature, top_k, top_p
     from decoding import GenerationOptions, SamplingOptions
     from decoding.text import generate_text, load_text_model
 
-    device, torch_dtype = _setup(device, dtype, threads)
+    device, torch_dtype = setup_runtime(device, dtype, threads)
     try:
         options = GenerationOptions(
             max_new_tokens=max_new_tokens, sampling=SamplingOptions(temperature, top_k, top_p), seed=seed,

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import click
 
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+from asr.runtime import DEVICES, DTYPES
 
 
 @click.command("eval")
@@ -83,23 +82,12 @@ def eval_command(sources, model, compare, report_dir, language, limit, audio_col
 
 
 def _setup(device: str, dtype: str, threads: int | None):
-    """Resolves --device/--dtype/--threads into torch settings; returns (device, torch dtype)."""
-    import torch
+    """The shared runtime settings, and transformers quiet: its generate() warns about its own defaults on every
+    call, and the report says what ran."""
     from transformers.utils import logging as transformers_logging
 
-    transformers_logging.disable_progress_bar()
-    # transformers' generate() warns about its own defaults on every call; the report says what ran.
+    from asr.runtime import setup_runtime
+
+    resolved = setup_runtime(device, dtype, threads)
     transformers_logging.set_verbosity_error()
-    if threads is not None:
-        if threads < 1:
-            raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
-        torch.set_num_threads(threads)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
-    elif device == "mps" and not torch.backends.mps.is_available():
-        raise click.BadParameter("MPS is not available on this machine", param_hint="--device")
-    if dtype == "auto":
-        dtype = "float32" if device == "cpu" else "float16"
-    return device, getattr(torch, dtype)
+    return resolved
