@@ -223,30 +223,31 @@ def _new_row(index: int, prompt: Sequence[int], options: GenerationOptions, filt
 
 
 def _prefill(batch: RaggedBatch, rows: list[_Row], logits_at: int | None) -> None:
-    """Feeds every prompt token but the last; first up to `logits_at` when its logits are wanted.
+    """Feeds every prompt token but the last, in one pass; reads the logits at `logits_at` when asked.
 
     A position that is a prompt's last token gets its logits in the first round instead.
     """
-    split: list[int | None] = [None] * len(rows)
+    inputs = [r.tokens[:-1] for r in rows]
+    if not any(inputs):
+        return
+    # How far each wanted position is from the end of its row's input (rows are left-padded, so the logits of
+    # the last `num_logits` columns cover every row's wanted position).
+    back: list[int | None] = [None] * len(rows)
     if logits_at is not None:
         for b, row in enumerate(rows):
             at = logits_at if logits_at >= 0 else len(row.tokens) + logits_at
             if not 0 <= at < len(row.tokens):
                 raise ValueError(f"prompt_logits_at={logits_at} is outside a prompt of {len(row.tokens)} tokens")
-            split[b] = at if at < len(row.tokens) - 1 else None
-    first = [r.tokens[: s + 1] if s is not None else [] for s, r in zip(split, rows)]
-    rest = [r.tokens[s + 1: -1] if s is not None else r.tokens[:-1] for s, r in zip(split, rows)]
-    for inputs, num_logits in ((first, 1), (rest, 0)):
-        if not any(inputs):
-            continue
-        t = time.perf_counter()
-        logits = batch.feed(inputs, num_logits)
-        elapsed = (time.perf_counter() - t) / len(rows)
-        for b, row in enumerate(rows):
-            row.result.stats.model_forward_passes += 1
-            row.result.stats.model_seconds += elapsed
-            if num_logits and split[b] is not None:
-                row.result.prompt_logits = logits[b, -1].clone()
+            back[b] = len(row.tokens) - 1 - at if at < len(row.tokens) - 1 else None
+    num_logits = max((k for k in back if k is not None), default=0)
+    t = time.perf_counter()
+    logits = batch.feed(inputs, num_logits)
+    elapsed = (time.perf_counter() - t) / len(rows)
+    for b, row in enumerate(rows):
+        row.result.stats.model_forward_passes += 1
+        row.result.stats.model_seconds += elapsed
+        if back[b] is not None:
+            row.result.prompt_logits = logits[b, num_logits - back[b]].clone()
 
 
 def _extend(row: _Row, proposal: Draft, accepted: int, kept: list[int], kept_logprobs: list[float],
