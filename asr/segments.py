@@ -25,8 +25,12 @@ def split_segments(result: WindowResult, timestamp_begin: int, eot: int, seek: i
     single_timestamp_ending = is_timestamp[-2:] == [False, True]
     consecutive = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
 
+    # The model may place a timestamp past the audio in the last window: times stay inside the window's audio.
+    window_end = time_offset + segment_duration
+
     def make(start: float, end: float, seg_tokens: list[int]) -> Segment:
         text = decode_text([t for t in seg_tokens if t < eot])
+        start, end = min(start, window_end), min(end, window_end)
         return Segment(0, seek, round(start, 3), round(end, 3), text, seg_tokens, result.temperature,
                        result.avg_logprob, result.compression_ratio, result.no_speech_prob)
 
