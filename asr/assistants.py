@@ -233,7 +233,7 @@ def choose_auto(model_bundle: Any) -> str:
 
     On a CPU none pays for a model as small as `base`: its decoder step (~15 ms) is mostly fixed per-layer
     cost, so even an int8 copy of it drafts at ~0.7 of its price and the whole run ends level (self:int8
-    0.98x, self:bf16 0.87x, tiny.en 0.42x of plain greedy on the 158 s sonnets; README, "What `auto` picks").
+    0.93x-1.07x, self:bf16 0.83x-0.90x, tiny.en 0.43x of plain greedy; README, "What `auto` picks").
     On a GPU, where a large model's step is dominated by reading its weights, a distil-whisper student that
     shares the encoder where one exists; otherwise none.
     """
