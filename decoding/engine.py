@@ -67,7 +67,6 @@ class GenerationResult:
 class _Row:
     """One sequence being generated."""
 
-    index: int  # position in the caller's list
     tokens: list[int]
     limit: int
     filters: Sequence[LogitsFilter]
@@ -133,7 +132,7 @@ def generate_batch(
     """
     start = time.perf_counter()
     filters = filters if filters is not None else [()] * len(prompts)
-    rows = [_new_row(i, p, options, f) for i, (p, f) in enumerate(zip(prompts, filters))]
+    rows = [_new_row(p, options, f) for p, f in zip(prompts, filters)]
     generator = torch.Generator(device=model.device).manual_seed(options.seed) if options.seed is not None else None
     sampling = options.sampling
     eos = set(options.eos_token_ids)
@@ -209,7 +208,7 @@ def generate_batch(
     return [row.result for row in rows]
 
 
-def _new_row(index: int, prompt: Sequence[int], options: GenerationOptions, filters: Sequence[LogitsFilter]) -> _Row:
+def _new_row(prompt: Sequence[int], options: GenerationOptions, filters: Sequence[LogitsFilter]) -> _Row:
     tokens = list(prompt)
     if not tokens:
         raise ValueError("the prompt must hold at least one token")
@@ -219,7 +218,7 @@ def _new_row(index: int, prompt: Sequence[int], options: GenerationOptions, filt
         if limit < 1:
             raise ValueError(f"the prompt has {len(tokens)} tokens; the model takes at most {options.max_length}")
     schedule = make_schedule(options.schedule, options.num_assistant_tokens, options.confidence_threshold)
-    return _Row(index, tokens, limit, filters, schedule, GenerationResult([], [], GenerationStats(), False))
+    return _Row(tokens, limit, filters, schedule, GenerationResult([], [], GenerationStats(), False))
 
 
 def _prefill(batch: RaggedBatch, rows: list[_Row], logits_at: int | None) -> None:

@@ -20,16 +20,23 @@ class DraftSchedule(Protocol):
         """Records how many of the drafted tokens the model accepted."""
 
 
-class HeuristicSchedule:
-    """The seeds' rule: start at k, +2 after a round where all drafts were accepted, -1 otherwise, at least 1."""
+class ConstantSchedule:
+    """Always k drafts."""
 
-    min_confidence = None
+    min_confidence: float | None = None
 
     def __init__(self, k: int = 5) -> None:
         self.k = k
 
     def next_k(self) -> int:
         return self.k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class HeuristicSchedule(ConstantSchedule):
+    """The seeds' rule: start at k, +2 after a round where all drafts were accepted, -1 otherwise, at least 1."""
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
@@ -37,33 +44,12 @@ class HeuristicSchedule:
         self.k = self.k + 2 if accepted == drafted else max(1, self.k - 1)
 
 
-class ConstantSchedule:
-    """Always k drafts."""
-
-    min_confidence = None
-
-    def __init__(self, k: int = 5) -> None:
-        self.k = k
-
-    def next_k(self) -> int:
-        return self.k
-
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
-
-
-class ConfidenceSchedule:
+class ConfidenceSchedule(ConstantSchedule):
     """Up to k drafts, stopping as soon as the assistant's top probability falls below a threshold."""
 
     def __init__(self, k: int = 10, threshold: float = 0.4) -> None:
-        self.k = k
+        super().__init__(k)
         self.min_confidence = threshold
-
-    def next_k(self) -> int:
-        return self.k
-
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
 
 
 def make_schedule(name: str, k: int, threshold: float = 0.4) -> DraftSchedule:

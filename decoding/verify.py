@@ -8,19 +8,6 @@ from __future__ import annotations
 import torch
 
 
-def greedy_accept(logits: torch.Tensor, drafts: list[int]) -> tuple[int, list[int], list[float]]:
-    """Keeps the drafts that match the model's argmax, plus the model's token at the first mismatch.
-
-    Args:
-        logits: `[k + 1, V]` filtered model logits; row `j` predicts the token after draft `j - 1`.
-        drafts: the k drafted token ids.
-
-    Returns:
-        (number of drafts accepted, the new tokens (accepted drafts + the model's token), their log-probabilities).
-    """
-    return greedy_accept_rows([logits], [drafts])[0]
-
-
 def speculative_accept(
     probs: torch.Tensor,
     draft_probs: torch.Tensor | None,
@@ -65,7 +52,9 @@ def speculative_accept(
 
 
 def greedy_accept_rows(logits: list[torch.Tensor], drafts: list[list[int]]) -> list[tuple[int, list[int], list[float]]]:
-    """`greedy_accept` for several rows, read back to the host once for all of them.
+    """Keeps each row's drafts that match the model's argmax, plus the model's token at the first mismatch.
+
+    Everything is read back to the host once, for all rows.
 
     Args:
         logits: per row, `[k_b + 1, V]` filtered model logits.
