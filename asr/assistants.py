@@ -20,8 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from asr.decoder import encode
-from asr.lean_decoder import LeanWhisperDecoderAdapter
+from asr.decoder import WhisperDecoderAdapter, encode
 from asr.logit_rules import whisper_filters
 from decoding import AssistantDraft, DraftSource, LogitsFilter
 from decoding.universal import CrossTokenizerDraft
@@ -59,7 +58,7 @@ class SharedEncoderAssistant:
             encoder_output = encoder_output.to(self.dtype)
 
         def make_draft(rows: list[int]) -> DraftSource:
-            adapter = LeanWhisperDecoderAdapter(self.decoder_model, encoder_output[rows])
+            adapter = WhisperDecoderAdapter(self.decoder_model, encoder_output[rows])
             return AssistantDraft(adapter, row_filters=[windows[r].filters for r in rows])
 
         return make_draft, 0.0
@@ -85,7 +84,7 @@ class FullAssistant:
         seconds = time.perf_counter() - start
         if self.same_tokenizer:
             def make_draft(rows: list[int]) -> DraftSource:
-                adapter = LeanWhisperDecoderAdapter(self.bundle.model, encoder_output[rows])
+                adapter = WhisperDecoderAdapter(self.bundle.model, encoder_output[rows])
                 return AssistantDraft(adapter, row_filters=[windows[r].filters for r in rows])
             return make_draft, seconds
 
@@ -98,7 +97,7 @@ class FullAssistant:
         ) for prompt, w in zip(prompts, windows)]
 
         def make_bridged_draft(rows: list[int]) -> DraftSource:
-            adapter = LeanWhisperDecoderAdapter(self.bundle.model, encoder_output[rows])
+            adapter = WhisperDecoderAdapter(self.bundle.model, encoder_output[rows])
             return CrossTokenizerDraft(adapter, self.model_tokenizer, self.bundle.tokenizer,
                                        assistant_prompts=[prompts[r] for r in rows],
                                        row_filters=[filters[r] for r in rows])
