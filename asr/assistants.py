@@ -13,14 +13,13 @@ import copy
 import json
 import logging
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from asr.decoder import WhisperDecoderAdapter, encode
+from asr.decoder import WhisperDecoderAdapter, encode, fuse_qkv
 from asr.logit_rules import whisper_filters
 from decoding import AssistantDraft, DraftSource, LogitsFilter
 from decoding.universal import CrossTokenizerDraft
@@ -127,18 +126,17 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
     """
     if precision not in SELF_PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} for self; choose one of {', '.join(SELF_PRECISIONS)}")
-    decoder_only = _DecoderCopy(copy.deepcopy(model.get_decoder()), copy.deepcopy(model.get_output_embeddings()),
-                                model.config)
+    # The copy only ever runs through WhisperDecoderAdapter, so its q, k, v projections can be one matmul.
+    decoder_only = _DecoderCopy(fuse_qkv(copy.deepcopy(model.get_decoder())),
+                                copy.deepcopy(model.get_output_embeddings()), model.config)
     device = next(model.parameters()).device
     if precision == "int8":
         if device.type != "cpu":
-            raise ValueError("self:int8 uses PyTorch's dynamic int8 kernels, which run on the CPU; use self:bf16 "
-                             "or self:fp16 on a GPU")
-        from torch.ao.quantization import quantize_dynamic
+            raise ValueError("self:int8 uses PyTorch's int8 CPU kernels; use self:bf16 or self:fp16 on a GPU")
+        from asr.int8 import quantize_linears
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return quantize_dynamic(decoder_only.float(), {torch.nn.Linear}, dtype=torch.qint8), torch.float32
+        # Quantised from the fp32 weights (the head is a copy, untied from the embeddings); the rest in bf16.
+        return quantize_linears(decoder_only.float()).to(torch.bfloat16), torch.bfloat16
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
     return decoder_only.to(dtype), dtype
 

@@ -71,12 +71,11 @@ class TimestampRules:
                 bound = last_timestamp if last_was_timestamp and not penultimate_was_timestamp else last_timestamp + 1
                 row[ts:bound] = -torch.inf
         # When the timestamps together outweigh the best text token, a timestamp must come (no host sync).
-        logprobs = torch.log_softmax(rows.float(), dim=-1)
-        timestamp_mass = logprobs[:, ts:].logsumexp(-1)
-        best_text = logprobs[:, :ts].max(-1).values
-        force = (timestamp_mass > best_text).unsqueeze(-1)
-        text_part = rows[:, :ts]
-        rows[:, :ts] = torch.where(force, torch.full_like(text_part, -torch.inf), text_part)
+        # openai-whisper compares log-probabilities; log-softmax shifts every logit of a row by the same
+        # amount, so the raw logits give the same comparison without normalising the whole vocabulary.
+        timestamp_mass = rows[:, ts:].logsumexp(-1)
+        best_text = rows[:, :ts].max(-1).values
+        rows[:, :ts].masked_fill_((timestamp_mass > best_text).unsqueeze(-1), -torch.inf)
         return logits
 
 

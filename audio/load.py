@@ -13,9 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import librosa
 import numpy as np
-import soundfile as sf
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +64,9 @@ def load_audio(path: str | os.PathLike | np.ndarray, sample_rate: int = SAMPLE_R
     if file.stat().st_size == 0:
         raise AudioError(f"{name}: file is empty (0 bytes)")
 
+    # Imported here: librosa takes about a second to import, and arrays need neither.
+    import soundfile as sf
+
     try:
         samples, file_rate = sf.read(name, dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError) as sf_error:
@@ -78,6 +79,8 @@ def load_audio(path: str | os.PathLike | np.ndarray, sample_rate: int = SAMPLE_R
         audio = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]
         if file_rate != sample_rate:
             logger.debug("%s: resampling %d Hz -> %d Hz", name, file_rate, sample_rate)
+            import librosa
+
             audio = librosa.resample(audio, orig_sr=file_rate, target_sr=sample_rate, res_type="soxr_hq")
     return np.ascontiguousarray(audio, dtype=np.float32)
 

@@ -1,0 +1,170 @@
+"""GPU checks: per-step costs of real large-model shapes, and fp16/bf16 speed and word parity on real weights.
+
+    python scripts/bench_gpu.py shapes --out shapes.json
+    python scripts/bench_gpu.py real --model FOLDER --audio clips.npz --out real.json
+
+`shapes` builds large-v3, distil-large-v3 (2 decoder layers) and large-v3-turbo (4) with random weights in
+fp16/bf16 (their speed does not depend on the weights' values) and times, through our decoder adapter, the
+encoder per window and one decoder pass of 1..9 tokens at batch 1 and 8, then the whole engine round with an
+identical assistant (everything accepted) against plain greedy, which gives the per-round overhead.
+`real` transcribes clips (16 kHz float32 arrays in an .npz, references in its `__refs__` entry as JSON) with a
+real model folder on the GPU in float32, float16 and bfloat16, with and without a `self:` assistant, and writes
+every hypothesis; `scripts/gpu_wer.py` scores them here. The device image lacks librosa and soundfile, which only
+file decoding needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device.startswith("cuda") else device
+
+
+def _timed(fn, repeats: int = 20) -> float:
+    """Median seconds of `fn()` after warm-up, with the device synchronised around each call."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync()
+        start = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def shapes(out: str, device: str) -> None:
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from asr.decoder import WhisperDecoderAdapter, encode
+    from decoding import AssistantDraft
+    from decoding.engine import GenerationOptions, generate
+
+    large = dict(d_model=1280, encoder_layers=32, decoder_layers=32, encoder_attention_heads=20,
+                 decoder_attention_heads=20, encoder_ffn_dim=5120, decoder_ffn_dim=5120, num_mel_bins=128,
+                 vocab_size=51866, max_target_positions=448, max_source_positions=1500)
+    results: dict = {"device": _device_name(device), "torch": torch.__version__}
+    for dtype_name, dtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+        models = {}
+        for name, layers in (("large-v3", 32), ("turbo", 4), ("distil-large-v3", 2)):
+            with torch.device(device):
+                config = WhisperConfig(**{**large, "decoder_layers": layers})
+                models[name] = WhisperForConditionalGeneration(config).to(dtype).eval()
+        features = torch.randn(8, 128, 3000, device=device, dtype=dtype)
+        entry: dict = {}
+        for batch in (1, 8):
+            encoder_output = encode(models["large-v3"], features[:batch])
+            entry[f"encoder_b{batch}_s"] = _timed(lambda: encode(models["large-v3"], features[:batch]), 5)
+            for name, model in models.items():
+                adapter = WhisperDecoderAdapter(model, encoder_output)
+                cache = adapter.new_cache(batch)
+                adapter.forward(torch.full((batch, 100), 400, device=device), cache, 1)
+                for width in (1, 2, 4, 6, 9):
+                    ids = torch.full((batch, width), 400, device=device)
+
+                    def step() -> None:
+                        adapter.crop(cache, 100)
+                        adapter.forward(ids, cache, width)
+
+                    entry[f"{name}_b{batch}_w{width}_ms"] = 1000 * _timed(step)
+        # Whole rounds: plain greedy vs an identical assistant (all accepted), 128 tokens, batch 1.
+        model = models["large-v3"]
+        encoder_output = encode(model, features[:1])
+        options = GenerationOptions(max_new_tokens=128, schedule="constant", num_assistant_tokens=5)
+        prompt = [50258, 50259, 50360, 50364]
+        plain = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options), 3)
+        draft_model = models["distil-large-v3"]
+        distil = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options,
+                                         AssistantDraft(WhisperDecoderAdapter(draft_model, encoder_output))), 3)
+        same = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options,
+                                       AssistantDraft(WhisperDecoderAdapter(model, encoder_output))), 3)
+        entry.update(plain_128_tokens_s=plain, distil_random_128_tokens_s=distil, identical_assistant_128_tokens_s=same)
+        results[dtype_name] = entry
+        print(dtype_name, json.dumps(entry, indent=1), flush=True)
+        models.clear()
+        torch.cuda.empty_cache()
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def real(model_dir: str, audio_path: str, out: str, device: str, limit: int | None) -> None:
+    from asr.assistants import make_assistant
+    from asr.options import TranscribeOptions
+    from asr.registry import load_model
+    from asr.transcribe import transcribe, transcribe_many
+
+    data = np.load(audio_path)
+    references = json.loads(str(data["__refs__"]))
+    # 16-bit PCM in the archive (the recordings are 16-bit), float32 here.
+    clips = {key: data[key].astype(np.float32) / 32768 for key in data.files if key != "__refs__"}
+    clips = dict(list(clips.items())[:limit]) if limit else clips
+    longform = {k: v for k, v in clips.items() if len(v) > 30 * 16000}
+    short = {k: v for k, v in clips.items() if k not in longform}
+    runs = [("float32", "none", 1), ("float32", "self:bf16", 1), ("float32", "self:fp16", 1),
+            ("float16", "none", 1), ("bfloat16", "none", 1), ("float16", "none", 8), ("float32", "none", 8)]
+    results: dict = {"device": _device_name(device), "runs": [], "references": references}
+    options = TranscribeOptions(language="en")
+    bundles = {}
+    for dtype_name, spec, batch in runs:
+        dtype = getattr(torch, dtype_name)
+        if dtype_name not in bundles:
+            bundles[dtype_name] = load_model(model_dir, device=device, dtype=dtype)
+        bundle = bundles[dtype_name]
+        assistant = make_assistant(spec, bundle, device=device, dtype=dtype)
+        transcribe(bundle, next(iter(short.values())), options, assistant)  # warm-up
+        texts, seconds, stats = {}, {}, {}
+        _sync()
+        start = time.perf_counter()
+        if batch == 1:
+            for key, audio in clips.items():
+                t0 = time.perf_counter()
+                result = transcribe(bundle, audio, options, assistant)
+                _sync()
+                texts[key], seconds[key] = result.text, time.perf_counter() - t0
+                stats[key] = result.stats.to_dict()
+        else:
+            keys = list(short)
+            for key, result in zip(keys, transcribe_many(bundle, [short[k] for k in keys], options, assistant,
+                                                         batch_size=batch)):
+                texts[key] = result.text
+        _sync()
+        total = time.perf_counter() - start
+        run = {"dtype": dtype_name, "assistant": spec, "batch_size": batch, "seconds": total,
+               "audio_seconds": sum(len(clips[k]) for k in texts) / 16000, "texts": texts, "clip_seconds": seconds,
+               "stats": stats}
+        results["runs"].append(run)
+        print(dtype_name, spec, batch, f"{total:.2f} s", flush=True)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["shapes", "real"])
+    parser.add_argument("--model")
+    parser.add_argument("--audio")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--limit", type=int, help="only the first N clips (smoke runs)")
+    args = parser.parse_args()
+    if args.mode == "shapes":
+        shapes(args.out, args.device)
+    else:
+        real(args.model, args.audio, args.out, args.device, args.limit)
+
+
+if __name__ == "__main__":
+    main()
