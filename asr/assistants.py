@@ -66,9 +66,11 @@ class SharedEncoderAssistant:
 class FullAssistant:
     """A whole Whisper model as assistant; with another tokenizer its drafts go through text (pairings 2, 3)."""
 
-    def __init__(self, name: str, bundle: Any, model_bundle: Any) -> None:
+    def __init__(self, name: str, bundle: Any, model_bundle: Any, decoder_model: torch.nn.Module | None = None) -> None:
         self.name = name
         self.bundle = bundle
+        # What drafts: the assistant's own decoder, or a lower-precision copy of it (`NAME:int8`).
+        self.decoder_model = decoder_model if decoder_model is not None else bundle.model
         self.same_tokenizer = bundle.tokenizer.get_vocab() == model_bundle.tokenizer.get_vocab()
         self.model_tokenizer = model_bundle.tokenizer
         self.model_eot = model_bundle.special.eot
@@ -83,7 +85,7 @@ class FullAssistant:
         seconds = time.perf_counter() - start
         if self.same_tokenizer:
             def make_draft(rows: list[int]) -> DraftSource:
-                adapter = WhisperDecoderAdapter(self.bundle.model, encoder_output[rows])
+                adapter = WhisperDecoderAdapter(self.decoder_model, encoder_output[rows])
                 return AssistantDraft(adapter, row_filters=[windows[r].filters for r in rows])
             return make_draft, seconds
 
@@ -96,7 +98,7 @@ class FullAssistant:
         ) for prompt, w in zip(prompts, windows)]
 
         def make_bridged_draft(rows: list[int]) -> DraftSource:
-            adapter = WhisperDecoderAdapter(self.bundle.model, encoder_output[rows])
+            adapter = WhisperDecoderAdapter(self.decoder_model, encoder_output[rows])
             return CrossTokenizerDraft(adapter, self.model_tokenizer, self.bundle.tokenizer,
                                        assistant_prompts=[prompts[r] for r in rows],
                                        row_filters=[filters[r] for r in rows])
@@ -185,13 +187,14 @@ def check_pair(model_bundle: Any, assistant_config: Any, name: str) -> None:
 
 
 def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """Resolves `--assistant`: none, self[:PRECISION], a registry name, a hub id or a local folder.
+    """Resolves `--assistant`: none, auto, self[:PRECISION], or a registry name, hub id or local folder with an
+    optional `:PRECISION` (`tiny.en:int8`: the assistant drafts with a lower-precision copy of its decoder).
 
     Returns:
         An assistant with `prepare`, or None for plain decoding.
 
     Raises:
-        ValueError: an unknown assistant, or one that cannot be paired with the model.
+        ValueError: an unknown assistant or precision, or one that cannot be paired with the model.
     """
     from asr.registry import load_model
 
@@ -201,19 +204,40 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
         logger.info("--assistant auto chose %s", spec)
     if spec in ("none", ""):
         return None
-    if spec == "self" or spec.startswith("self:"):
-        precision = spec.partition(":")[2] or "fp32"
-        module, input_dtype = low_precision_decoder(model_bundle.model, precision)
+    name, precision = _split_precision(spec)
+    if name == "self":
+        module, input_dtype = low_precision_decoder(model_bundle.model, precision or "fp32")
         return SharedEncoderAssistant(spec, module.eval(), input_dtype)
-    if _is_decoder_only(spec):
-        return load_decoder_assistant(spec, model_bundle, device=device, dtype=dtype)
-    bundle = load_model(spec, device=device, dtype=dtype)
+    if _is_decoder_only(name):
+        assistant = load_decoder_assistant(name, model_bundle, device=device, dtype=dtype)
+        return _in_precision(assistant, precision, spec)
+    bundle = load_model(name, device=device, dtype=dtype)
     assistant = FullAssistant(spec, bundle, model_bundle)
     if assistant.same_tokenizer and _same_encoder(bundle.model, model_bundle.model):
         # distil-whisper copies the teacher's encoder: run it once, for both.
         logger.info("assistant %s has the model's encoder: sharing it", spec)
-        return SharedEncoderAssistant(spec, bundle.model)
+        return _in_precision(SharedEncoderAssistant(spec, bundle.model), precision, spec)
+    if precision is not None:
+        assistant.decoder_model = low_precision_decoder(bundle.model, precision)[0].eval()
     return assistant
+
+
+def _split_precision(spec: str) -> tuple[str, str | None]:
+    """`tiny.en:int8` -> (`tiny.en`, `int8`); a spec without a known precision suffix is all name."""
+    name, _, suffix = spec.rpartition(":")
+    if name and suffix in SELF_PRECISIONS:
+        return name, suffix
+    if spec.startswith("self:"):
+        raise ValueError(f"unknown precision {suffix!r} for self; choose one of {', '.join(SELF_PRECISIONS)}")
+    return spec, None
+
+
+def _in_precision(assistant: SharedEncoderAssistant, precision: str | None, spec: str) -> SharedEncoderAssistant:
+    """The same shared-encoder assistant drafting with a lower-precision copy of its decoder, if asked."""
+    if precision is None:
+        return assistant
+    module, input_dtype = low_precision_decoder(assistant.decoder_model, precision)
+    return SharedEncoderAssistant(spec, module.eval(), input_dtype)
 
 
 # distil-whisper students that share their teacher's encoder and tokenizer (hub ids by teacher).

@@ -65,6 +65,7 @@ def _random_full(base):
 
 PAIRINGS = {
     "tiny.en (different tokenizer)": lambda base: make_assistant("tiny.en", base),
+    "tiny.en:int8 (int8 copy of its decoder)": lambda base: make_assistant("tiny.en:int8", base),
     "self:bf16": lambda base: make_assistant("self:bf16", base),
     "self:int8": lambda base: make_assistant("self:int8", base),
     "self (shared encoder)": lambda base: make_assistant("self", base),
@@ -73,7 +74,7 @@ PAIRINGS = {
 }
 
 
-@pytest.mark.parametrize("pairing", list(PAIRINGS))
+@pytest.mark.parametrize("pairing", [p for p in PAIRINGS if not p.startswith("tiny.en:int8")])
 def test_assisted_sonnets_equal_plain(base, sonnets, plain_sonnets, pairing: str) -> None:
     assistant = PAIRINGS[pairing](base)
     result = transcribe(base, sonnets, TranscribeOptions(word_timestamps=True), assistant)
@@ -90,10 +91,25 @@ def test_assisted_sonnets_equal_plain(base, sonnets, plain_sonnets, pairing: str
         assert stats.acceptance_rate == 1.0
 
 
-@pytest.mark.parametrize("pairing", ["tiny.en (different tokenizer)", "self:bf16", "self:int8"])
+@pytest.mark.parametrize("pairing", ["tiny.en (different tokenizer)", "tiny.en:int8 (int8 copy of its decoder)",
+                                     "self:bf16", "self:int8"])
 def test_assisted_voxpopuli_equals_plain(base, voxpopuli, plain_voxpopuli, pairing: str) -> None:
     result = transcribe(base, voxpopuli, assistant=PAIRINGS[pairing](base))
     assert result.text == plain_voxpopuli.text
+    assert result.stats.generation.accepted_tokens > 0
+
+
+def test_a_precision_suffix_gives_a_low_precision_copy_of_the_assistant(base) -> None:
+    from asr.int8 import Int8Linear
+
+    assistant = make_assistant("tiny.en:int8", base)
+    assert isinstance(assistant, FullAssistant) and assistant.name == "tiny.en:int8"
+    assert isinstance(assistant.decoder_model.get_output_embeddings(), Int8Linear)
+    assert assistant.bundle.model.get_output_embeddings().weight.dtype == torch.float32  # its encoder stays as is
+    with pytest.raises(ValueError, match="unknown precision 'int4' for self"):
+        make_assistant("self:int4", base)
+    with pytest.raises(ValueError, match="unknown model 'tiny.en:int4'"):
+        make_assistant("tiny.en:int4", base)
 
 
 def _sonnet_reference() -> str:
