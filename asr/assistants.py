@@ -56,9 +56,11 @@ class SharedEncoderAssistant:
         if self.dtype is not None and self.dtype != encoder_output.dtype:
             encoder_output = encoder_output.to(self.dtype)
 
+        # Cross-attention keys and values once per window; temperature fallbacks take their rows.
+        decoder = WhisperDecoderAdapter(self.decoder_model, encoder_output)
+
         def make_draft(rows: list[int]) -> DraftSource:
-            adapter = WhisperDecoderAdapter(self.decoder_model, encoder_output[rows])
-            return AssistantDraft(adapter, row_filters=[windows[r].filters for r in rows])
+            return AssistantDraft(decoder.rows(rows), row_filters=[windows[r].filters for r in rows])
 
         return make_draft, 0.0
 
@@ -81,12 +83,11 @@ class FullAssistant:
         if self.bundle.n_mels != features.shape[1]:
             raise ValueError(f"assistant {self.name} expects {self.bundle.n_mels} mel bins, the model {features.shape[1]}")
         # Its own encoder runs once per window; every temperature fallback reuses the result.
-        encoder_output = encode(self.bundle.model, features)
+        decoder = WhisperDecoderAdapter(self.decoder_model, encode(self.bundle.model, features))
         seconds = time.perf_counter() - start
         if self.same_tokenizer:
             def make_draft(rows: list[int]) -> DraftSource:
-                adapter = WhisperDecoderAdapter(self.decoder_model, encoder_output[rows])
-                return AssistantDraft(adapter, row_filters=[windows[r].filters for r in rows])
+                return AssistantDraft(decoder.rows(rows), row_filters=[windows[r].filters for r in rows])
             return make_draft, seconds
 
         special = self.bundle.special
@@ -98,8 +99,7 @@ class FullAssistant:
         ) for prompt, w in zip(prompts, windows)]
 
         def make_bridged_draft(rows: list[int]) -> DraftSource:
-            adapter = WhisperDecoderAdapter(self.decoder_model, encoder_output[rows])
-            return CrossTokenizerDraft(adapter, self.model_tokenizer, self.bundle.tokenizer,
+            return CrossTokenizerDraft(decoder.rows(rows), self.model_tokenizer, self.bundle.tokenizer,
                                        assistant_prompts=[prompts[r] for r in rows],
                                        row_filters=[filters[r] for r in rows])
         return make_bridged_draft, seconds
@@ -134,7 +134,7 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
     device = next(model.parameters()).device
     if precision == "int8":
         if device.type != "cpu":
-            raise ValueError("self:int8 uses PyTorch's int8 CPU kernels; use self:bf16 or self:fp16 on a GPU")
+            raise ValueError("int8 drafting uses PyTorch's int8 CPU kernels; on a GPU use :bf16 or :fp16")
         from asr.int8 import quantize_linears
 
         # Quantised from the fp32 weights (the head is a copy, untied from the embeddings); the rest in bf16.
@@ -252,11 +252,12 @@ DISTIL_FOR = {
 def choose_auto(model_bundle: Any) -> str:
     """The assistant our measurements show to be fastest, with the same words, for this model and device.
 
-    On a CPU none pays for a model as small as `base`: its decoder step (~15 ms) is mostly fixed per-layer
-    cost, so even an int8 copy of it drafts at ~0.7 of its price and the whole run ends level (self:int8
-    0.93x-1.07x, self:bf16 0.83x-0.90x, tiny.en 0.43x of plain greedy; README, "What `auto` picks").
-    On a GPU, where a large model's step is dominated by reading its weights, a distil-whisper student that
-    shares the encoder where one exists; otherwise none.
+    On a CPU none pays for a model as small as `base`: its decoder step is mostly fixed per-layer cost, so
+    even a weight-only int8 copy drafts at ~0.6 of its price and the whole run ends level (self:int8
+    0.97x-1.01x, self:bf16 0.83x-0.88x, tiny.en 0.42x of plain greedy; README, "What `auto` picks").
+    On a GPU, where a large model's 32-layer step costs ~14x a 2-layer distil step (H200, fp16), a
+    distil-whisper student that shares the encoder where one exists; otherwise none (a same-size copy of
+    `base` is 2.4x slower there).
     """
     device = next(model_bundle.model.parameters()).device
     if device.type == "cpu":

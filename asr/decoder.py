@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -99,6 +100,16 @@ class WhisperDecoderAdapter:
         cache.length = end
         return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
 
+    def rows(self, indices: list[int]) -> "WhisperDecoderAdapter":
+        """The same decoder over some of its windows, sharing their cross-attention keys and values (a
+        temperature fallback or language detection reuses them instead of projecting the encoder output again)."""
+        # Always a copy: `select` (rows finishing during generation) rebinds the copy's list, not this one's.
+        subset = copy.copy(self)
+        if indices != list(range(len(self.cross[0][0]))):
+            index = torch.tensor(indices, device=self.device)
+            subset.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
+        return subset
+
     def crop(self, cache: DecoderCache, length: int) -> None:
         cache.length = min(cache.length, length)
 
@@ -189,20 +200,19 @@ def encode(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def detect_languages(model: torch.nn.Module, encoder_output: torch.Tensor, sot: int,
+def detect_languages(decoder: WhisperDecoderAdapter, sot: int,
                      language_ids: dict[str, int]) -> list[tuple[str, dict[str, float]]]:
     """Whisper's language detection: the decoder's distribution over language tokens after <|startoftranscript|>.
 
     Args:
-        encoder_output: `[B, 1500, d]` encoder outputs of the windows to classify.
+        decoder: the model's decoder over the windows to classify.
 
     Returns:
         Per window: (the most likely language code, probability of every language code).
     """
-    adapter = WhisperDecoderAdapter(model, encoder_output)
-    batch = encoder_output.shape[0]
-    ids = torch.full((batch, 1), sot, dtype=torch.long, device=adapter.device)
-    logits = adapter.forward(ids, adapter.new_cache(batch), 1)[:, -1]
+    batch = len(decoder.cross[0][0])
+    ids = torch.full((batch, 1), sot, dtype=torch.long, device=decoder.device)
+    logits = decoder.forward(ids, decoder.new_cache(batch), 1)[:, -1]
     codes = list(language_ids)
     index = torch.tensor([language_ids[c] for c in codes], device=logits.device)
     out = []

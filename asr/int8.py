@@ -2,8 +2,8 @@
 
 Each output row keeps its own scale (per-channel, as gpt-fast's int8 weight-only mode) and the activations
 stay in bfloat16, so the copy agrees with the fp32 model more often than PyTorch's dynamic quantisation, which
-also rounds the activations to int8 with one scale per tensor (base on the sonnets: 91.5 % of drafted tokens
-accepted against 86.1 %), at the same cost per step.
+also rounds the activations to int8 with one scale per tensor (base on the long-form clips: 90–92 % of drafted tokens
+accepted against 86 %), at about the same cost per step.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import numpy as np
 
 from asr.alignment import add_word_timestamps
 from asr.assistants import WindowContext
-from asr.decoder import detect_languages, encode
+from asr.decoder import WhisperDecoderAdapter, detect_languages, encode
 from asr.logit_rules import whisper_filters
 from asr.options import TranscribeOptions
 from asr.results import Segment, Transcript, TranscriptionStats
@@ -210,9 +210,10 @@ class _WindowDecoder:
         t = time.perf_counter()
         features = log_mel([item.window for item in items], bundle.n_mels)
         encoder_output = encode(bundle.model, features)
+        decoder = WhisperDecoderAdapter(bundle.model, encoder_output)
         undetected = [i for i, item in enumerate(items) if item.language is None]
         if undetected:
-            found = detect_languages(bundle.model, encoder_output[undetected], special.sot, special.languages)
+            found = detect_languages(decoder.rows(undetected), special.sot, special.languages)
             for i, (language, probs) in zip(undetected, found):
                 items[i].language, items[i].language_probs = language, probs
                 logger.info("detected language %s (p=%.2f)", language, probs[language])
@@ -241,7 +242,7 @@ class _WindowDecoder:
             item.stats.encode_seconds += elapsed * share
         t = time.perf_counter()
         decoded = decode_windows(
-            bundle.model, encoder_output, prompts, rules=self.rules, filters=filters, make_draft=make_draft,
+            decoder, prompts, rules=self.rules, filters=filters, make_draft=make_draft,
             eot=special.eot, no_speech=special.no_speech, sot_from_end=sot_from_end, decode_text=self.decode_text,
             max_new_tokens=options.max_new_tokens, schedule=options.schedule,
             num_assistant_tokens=options.num_assistant_tokens,

@@ -6,7 +6,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import torch
 
 from asr.decoder import WhisperDecoderAdapter
 from decoding import DraftSource, GenerationOptions, GenerationStats, LogitsFilter, SamplingOptions
@@ -51,8 +50,7 @@ def compression_ratio(text: str) -> float:
 
 
 def decode_windows(
-    model: torch.nn.Module,
-    encoder_output: torch.Tensor,
+    decoder: WhisperDecoderAdapter,
     prompts: Sequence[Sequence[int]],
     *,
     rules: FallbackRules,
@@ -72,8 +70,7 @@ def decode_windows(
     Rows that fail a check are decoded again together at the next temperature; the others are done.
 
     Args:
-        model: the Whisper model.
-        encoder_output: `[B, 1500, d]` the windows' encoder outputs.
+        decoder: the model's decoder over the windows (their cross-attention keys and values computed once).
         prompts: per window, previous-text tokens and the start-of-transcript sequence.
         rules: temperatures and thresholds.
         filters: per window, Whisper's logit rules for its prompt.
@@ -98,17 +95,15 @@ def decode_windows(
         options = GenerationOptions(
             max_new_tokens=max_new_tokens,
             eos_token_ids=(eot,),
-            max_length=int(model.config.max_target_positions),
+            max_length=decoder.max_length,
             sampling=SamplingOptions(temperature=temperature),
             seed=seed,
             schedule=schedule,
             num_assistant_tokens=num_assistant_tokens,
             prompt_logits_at=sot_from_end,
         )
-        rows = torch.tensor(pending, device=encoder_output.device)
-        adapter = WhisperDecoderAdapter(model, encoder_output.index_select(0, rows))
         draft = make_draft(pending) if make_draft is not None else None
-        generated = generate_batch(adapter, [prompts[i] for i in pending], options, draft,
+        generated = generate_batch(decoder.rows(pending), [prompts[i] for i in pending], options, draft,
                                    [filters[i] for i in pending])
         for i, result in zip(pending, generated):
             stats[i].add(result.stats)

@@ -55,3 +55,36 @@ def test_the_adapter_gives_transformers_logits_bit_for_bit(base) -> None:
     # Different cache layouts, same arithmetic: the same bits, not merely close ones.
     assert torch.equal(stepwise, torch.cat(expected))
     assert torch.equal(wide, expected_wide)
+
+
+def test_int8_linear_matches_its_dequantised_weights() -> None:
+    from asr.int8 import Int8Linear, quantize_linears
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96)
+    quantized = Int8Linear(linear)
+    x = torch.randn(2, 3, 64)
+    dequantised = quantized.weight.float() * quantized.scale.float()[:, None]
+    expected = torch.nn.functional.linear(x.bfloat16().float(), dequantised, linear.bias.detach())
+    assert quantized(x).shape == (2, 3, 96)
+    assert torch.allclose(quantized(x).float(), expected, atol=0.05, rtol=0.02)
+    # Per-row scales: every row of the int8 weight uses the full range.
+    assert (quantized.weight.abs().amax(dim=1) == 127).all()
+    module = quantize_linears(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.Linear(8, 4))))
+    assert [type(m).__name__ for m in module.modules()].count("Int8Linear") == 2
+
+
+def test_fused_qkv_copy_gives_the_same_logits(base) -> None:
+    import copy
+
+    from asr.decoder import fuse_qkv
+
+    model = base.model
+    encoder_output = torch.randn(1, 1500, model.config.d_model)
+    fused = copy.deepcopy(model)
+    fuse_qkv(fused.get_decoder())
+    ids = torch.tensor([[base.special.sot, base.special.languages["en"], base.special.transcribe, 400, 401]])
+    plain = WhisperDecoderAdapter(model, encoder_output)
+    joined = WhisperDecoderAdapter(fused, encoder_output)
+    expected = plain.forward(ids, plain.new_cache(1), 5)
+    assert torch.allclose(joined.forward(ids, joined.new_cache(1), 5), expected, atol=1e-4, rtol=1e-4)
