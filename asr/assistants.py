@@ -26,7 +26,8 @@ from decoding.universal import CrossTokenizerDraft
 
 logger = logging.getLogger(__name__)
 
-SELF_PRECISIONS = ("bf16", "int8", "fp16", "fp32")
+# Precisions of a drafting copy of a decoder: `self:int8`, `tiny.en:bf16`, ...
+PRECISIONS = ("bf16", "int8", "fp16", "fp32")
 
 
 @dataclass
@@ -68,11 +69,11 @@ class SharedEncoderAssistant:
 class FullAssistant:
     """A whole Whisper model as assistant; with another tokenizer its drafts go through text (pairings 2, 3)."""
 
-    def __init__(self, name: str, bundle: Any, model_bundle: Any, decoder_model: torch.nn.Module | None = None) -> None:
+    def __init__(self, name: str, bundle: Any, model_bundle: Any) -> None:
         self.name = name
         self.bundle = bundle
-        # What drafts: the assistant's own decoder, or a lower-precision copy of it (`NAME:int8`).
-        self.decoder_model = decoder_model if decoder_model is not None else bundle.model
+        # What drafts: the assistant's own decoder, or a lower-precision copy of it (`NAME:int8`, make_assistant).
+        self.decoder_model = bundle.model
         self.same_tokenizer = bundle.tokenizer.get_vocab() == model_bundle.tokenizer.get_vocab()
         self.model_tokenizer = model_bundle.tokenizer
         self.model_eot = model_bundle.special.eot
@@ -126,8 +127,8 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
     Returns:
         (a module with `get_decoder()` and `get_output_embeddings()`, the dtype its inputs need, or None).
     """
-    if precision not in SELF_PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r} for self; choose one of {', '.join(SELF_PRECISIONS)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} for self; choose one of {', '.join(PRECISIONS)}")
     # The copy only ever runs through WhisperDecoderAdapter, so its q, k, v projections can be one matmul.
     decoder_only = _DecoderCopy(fuse_qkv(copy.deepcopy(model.get_decoder())),
                                 copy.deepcopy(model.get_output_embeddings()), model.config)
@@ -223,12 +224,11 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
 
 
 def _split_precision(spec: str) -> tuple[str, str | None]:
-    """`tiny.en:int8` -> (`tiny.en`, `int8`); a spec without a known precision suffix is all name."""
+    """`tiny.en:int8` -> (`tiny.en`, `int8`); `self:X` -> (`self`, `X`), checked by `low_precision_decoder`;
+    any other spec without a known precision suffix is all name."""
     name, _, suffix = spec.rpartition(":")
-    if name and suffix in SELF_PRECISIONS:
+    if name == "self" or (name and suffix in PRECISIONS):
         return name, suffix
-    if spec.startswith("self:"):
-        raise ValueError(f"unknown precision {suffix!r} for self; choose one of {', '.join(SELF_PRECISIONS)}")
     return spec, None
 
 

@@ -100,12 +100,17 @@ class WhisperDecoderAdapter:
         cache.length = end
         return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
 
+    @property
+    def batch_size(self) -> int:
+        """How many windows this decoder reads."""
+        return len(self.cross[0][0])
+
     def rows(self, indices: list[int]) -> "WhisperDecoderAdapter":
         """The same decoder over some of its windows, sharing their cross-attention keys and values (a
         temperature fallback or language detection reuses them instead of projecting the encoder output again)."""
         # Always a copy: `select` (rows finishing during generation) rebinds the copy's list, not this one's.
         subset = copy.copy(self)
-        if indices != list(range(len(self.cross[0][0]))):
+        if indices != list(range(self.batch_size)):
             index = torch.tensor(indices, device=self.device)
             subset.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
         return subset
@@ -210,9 +215,8 @@ def detect_languages(decoder: WhisperDecoderAdapter, sot: int,
     Returns:
         Per window: (the most likely language code, probability of every language code).
     """
-    batch = len(decoder.cross[0][0])
-    ids = torch.full((batch, 1), sot, dtype=torch.long, device=decoder.device)
-    logits = decoder.forward(ids, decoder.new_cache(batch), 1)[:, -1]
+    ids = torch.full((decoder.batch_size, 1), sot, dtype=torch.long, device=decoder.device)
+    logits = decoder.forward(ids, decoder.new_cache(decoder.batch_size), 1)[:, -1]
     codes = list(language_ids)
     index = torch.tensor([language_ids[c] for c in codes], device=logits.device)
     out = []

@@ -210,10 +210,10 @@ class _WindowDecoder:
         t = time.perf_counter()
         features = log_mel([item.window for item in items], bundle.n_mels)
         encoder_output = encode(bundle.model, features)
-        decoder = WhisperDecoderAdapter(bundle.model, encoder_output)
+        model_decoder = WhisperDecoderAdapter(bundle.model, encoder_output)
         undetected = [i for i, item in enumerate(items) if item.language is None]
         if undetected:
-            found = detect_languages(decoder.rows(undetected), special.sot, special.languages)
+            found = detect_languages(model_decoder.rows(undetected), special.sot, special.languages)
             for i, (language, probs) in zip(undetected, found):
                 items[i].language, items[i].language_probs = language, probs
                 logger.info("detected language %s (p=%.2f)", language, probs[language])
@@ -242,7 +242,7 @@ class _WindowDecoder:
             item.stats.encode_seconds += elapsed * share
         t = time.perf_counter()
         decoded = decode_windows(
-            decoder, prompts, rules=self.rules, filters=filters, make_draft=make_draft,
+            model_decoder, prompts, rules=self.rules, filters=filters, make_draft=make_draft,
             eot=special.eot, no_speech=special.no_speech, sot_from_end=sot_from_end, decode_text=self.decode_text,
             max_new_tokens=options.max_new_tokens, schedule=options.schedule,
             num_assistant_tokens=options.num_assistant_tokens,
