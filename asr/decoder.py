@@ -9,24 +9,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-
-@dataclass
-class DecoderCache:
-    """Self-attention keys and values `[layers, B, heads, capacity, head_dim]`, filled up to `length` slots."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    length: int = 0
-
-    def ensure(self, needed: int) -> None:
-        """Grows the buffers (doubling) so that `needed` slots fit."""
-        capacity = self.keys.shape[3]
-        if needed <= capacity:
-            return
-        extra = max(needed, 2 * capacity) - capacity
-        pad = (0, 0, 0, extra)
-        self.keys = F.pad(self.keys, pad)
-        self.values = F.pad(self.values, pad)
+from decoding.causal_lm import layer_norm_fn, linear_fn
+from decoding.kv_cache import StaticKVCache, causal_mask
 
 
 class WhisperDecoderAdapter:
@@ -48,8 +32,8 @@ class WhisperDecoderAdapter:
         self.layers = [_LayerPlan.of(layer) for layer in decoder.layers]
         self.embed_tokens = decoder.embed_tokens.weight
         self.embed_positions = decoder.embed_positions.weight
-        self.layer_norm = _norm(decoder.layer_norm)
-        self.proj_out = _linear(model.get_output_embeddings())
+        self.layer_norm = layer_norm_fn(decoder.layer_norm)
+        self.proj_out = linear_fn(model.get_output_embeddings())
         config = model.config
         self.heads = config.decoder_attention_heads
         self.head_dim = config.d_model // self.heads
@@ -67,13 +51,12 @@ class WhisperDecoderAdapter:
         """`[B, T, d]` -> `[B, heads, T, head_dim]`."""
         return x.view(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
 
-    def new_cache(self, batch_size: int = 1) -> DecoderCache:
-        shape = (len(self.layers), batch_size, self.heads, self.capacity, self.head_dim)
-        return DecoderCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                            torch.zeros(shape, dtype=self.dtype, device=self.device))
+    def new_cache(self, batch_size: int = 1) -> StaticKVCache:
+        return StaticKVCache.empty(len(self.layers), batch_size, self.heads, self.head_dim, self.capacity, self.dtype,
+                                   self.device)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache: DecoderCache, num_logits: int,
+    def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, num_logits: int,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         batch, width = input_ids.shape
         start = cache.length
@@ -82,16 +65,13 @@ class WhisperDecoderAdapter:
         if position_ids is None:
             position_ids = torch.arange(start, end, device=self.device).expand(batch, width)
         if attention_mask is None and width > 1:
-            slots = torch.arange(end, device=self.device)
-            attention_mask = (slots[None, :] <= (start + torch.arange(width, device=self.device))[:, None])[None, None]
+            attention_mask = causal_mask(start, width, self.device)
         x = F.embedding(input_ids, self.embed_tokens) + self.embed_positions[position_ids]
         split = self._split
         for index, layer in enumerate(self.layers):
             q, k, v = layer.qkv(layer.norm_self(x))
-            cache.keys[index, :, :, start:end] = split(k)
-            cache.values[index, :, :, start:end] = split(v)
-            a = F.scaled_dot_product_attention(split(q), cache.keys[index, :, :, :end], cache.values[index, :, :, :end],
-                                               attn_mask=attention_mask)
+            k, v = cache.write(index, start, split(k), split(v))
+            a = F.scaled_dot_product_attention(split(q), k, v, attn_mask=attention_mask)
             x = x + layer.out(a.transpose(1, 2).reshape(batch, width, -1))
             keys, values = self.cross[index]
             a = F.scaled_dot_product_attention(split(layer.cross_q(layer.norm_cross(x))), keys, values)
@@ -115,12 +95,11 @@ class WhisperDecoderAdapter:
             subset.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
         return subset
 
-    def crop(self, cache: DecoderCache, length: int) -> None:
-        cache.length = min(cache.length, length)
+    def crop(self, cache: StaticKVCache, length: int) -> None:
+        cache.crop(length)
 
-    def select(self, cache: DecoderCache, rows: torch.Tensor) -> None:
-        cache.keys = cache.keys[:, rows]
-        cache.values = cache.values[:, rows]
+    def select(self, cache: StaticKVCache, rows: torch.Tensor) -> None:
+        cache.select(rows)
         self.cross = [(k[rows], v[rows]) for k, v in self.cross]
 
 
@@ -148,25 +127,12 @@ class _LayerPlan:
     def of(layer: Any) -> "_LayerPlan":
         attention, cross = layer.self_attn, layer.encoder_attn
         return _LayerPlan(
-            norm_self=_norm(layer.self_attn_layer_norm), qkv=_qkv(attention), out=_linear(attention.out_proj),
-            norm_cross=_norm(layer.encoder_attn_layer_norm), cross_q=_linear(cross.q_proj),
-            cross_k=_linear(cross.k_proj), cross_v=_linear(cross.v_proj), cross_out=_linear(cross.out_proj),
-            norm_ffn=_norm(layer.final_layer_norm), fc1=_linear(layer.fc1), activation=layer.activation_fn.forward,
-            fc2=_linear(layer.fc2),
+            norm_self=layer_norm_fn(layer.self_attn_layer_norm), qkv=_qkv(attention),
+            out=linear_fn(attention.out_proj), norm_cross=layer_norm_fn(layer.encoder_attn_layer_norm),
+            cross_q=linear_fn(cross.q_proj), cross_k=linear_fn(cross.k_proj), cross_v=linear_fn(cross.v_proj),
+            cross_out=linear_fn(cross.out_proj), norm_ffn=layer_norm_fn(layer.final_layer_norm),
+            fc1=linear_fn(layer.fc1), activation=layer.activation_fn.forward, fc2=linear_fn(layer.fc2),
         )
-
-
-def _linear(module: torch.nn.Module) -> Fn:
-    """`module`'s forward without nn.Module's call machinery (F.linear for a plain Linear)."""
-    if type(module) is torch.nn.Linear:
-        weight, bias = module.weight, module.bias
-        return lambda x: F.linear(x, weight, bias)
-    return module.forward
-
-
-def _norm(module: torch.nn.LayerNorm) -> Fn:
-    shape, weight, bias, eps = module.normalized_shape, module.weight, module.bias, module.eps
-    return lambda x: F.layer_norm(x, shape, weight, bias, eps)
 
 
 def _qkv(attention: Any) -> Fn:
@@ -174,9 +140,9 @@ def _qkv(attention: Any) -> Fn:
     fused = getattr(attention, "qkv_proj", None)
     if fused is not None:
         width = fused.out_features // 3
-        project = _linear(fused)
+        project = linear_fn(fused)
         return lambda h: project(h).split(width, dim=-1)
-    q, k, v = _linear(attention.q_proj), _linear(attention.k_proj), _linear(attention.v_proj)
+    q, k, v = linear_fn(attention.q_proj), linear_fn(attention.k_proj), linear_fn(attention.v_proj)
     return lambda h: (q(h), k(h), v(h))
 
 

@@ -47,20 +47,25 @@ class CausalLMAdapter:
     """Any transformers causal LM (`AutoModelForCausalLM`) with a croppable `DynamicCache`."""
 
     def __init__(self, model: torch.nn.Module) -> None:
+        self.check(model)
         config = model.config
-        if getattr(config, "is_encoder_decoder", False):
-            raise ValueError(
-                f"{type(model).__name__} is an encoder-decoder model; pass a causal LM "
-                "(AutoModelForCausalLM), or use `asr transcribe` for Whisper"
-            )
-        if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
-            raise ValueError(f"{type(model).__name__} has no language-model head; load it with AutoModelForCausalLM")
         self.model = model
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
         self.max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
         self.dtype = next(model.parameters()).dtype
+
+    @staticmethod
+    def check(model: torch.nn.Module) -> None:
+        """Raises ValueError unless `model` is a causal LM with a language-model head."""
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise ValueError(
+                f"{type(model).__name__} is an encoder-decoder model; pass a causal LM "
+                "(AutoModelForCausalLM), or use `asr transcribe` for Whisper"
+            )
+        if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+            raise ValueError(f"{type(model).__name__} has no language-model head; load it with AutoModelForCausalLM")
 
     def new_cache(self, batch_size: int = 1) -> Any:
         from transformers import DynamicCache

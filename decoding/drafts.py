@@ -102,8 +102,9 @@ class AssistantDraft:
             for b in range(rows):
                 if not done[b]:
                     passes[b] += 1
-                    context = torch.tensor([list(sequences[b]) + drafted[b]], dtype=torch.long, device=device)
-                    logits[b:b + 1] = apply_filters(self._filters(b), context, logits[b:b + 1, None])[:, 0]
+                    if self._filters(b):
+                        context = torch.tensor([list(sequences[b]) + drafted[b]], dtype=torch.long, device=device)
+                        logits[b:b + 1] = apply_filters(self._filters(b), context, logits[b:b + 1, None])[:, 0]
             if self.sampling.greedy:
                 choice = logits.argmax(-1)
                 top = logits.softmax(-1).max(-1).values if min_confidence is not None else None

@@ -168,8 +168,11 @@ def generate_batch(
             row.result.stats.model_forward_passes += 1
             if row.result.prompt_logits is None and options.prompt_logits_at is not None and row.generated == 0:
                 row.result.prompt_logits = logits[b, width - k - 1].clone()
-            context = torch.tensor([row.tokens + proposal.tokens], dtype=torch.long, device=model.device)
-            row_logits.append(apply_filters(row.filters, context, logits[b:b + 1, width - k - 1:])[0])
+            checked = logits[b:b + 1, width - k - 1:]
+            if row.filters:
+                context = torch.tensor([row.tokens + proposal.tokens], dtype=torch.long, device=model.device)
+                checked = apply_filters(row.filters, context, checked)
+            row_logits.append(checked[0])
 
         # 4. Accept: the agreeing prefix plus the model's own token (or speculative sampling).
         if sampling.greedy:

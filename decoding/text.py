@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from decoding.adapters import CausalLMAdapter
+from decoding.causal_lm import causal_lm_adapter
 from decoding.drafts import AssistantDraft, DraftSource, PromptLookupDraft
 from decoding.engine import GenerationOptions, GenerationResult, generate
 from decoding.universal import CrossTokenizerDraft
@@ -68,9 +68,9 @@ def make_draft_source(model: TextModel, assistant: TextModel | None, prompt_look
         return PromptLookupDraft()
     if assistant is None:
         return None
-    adapter = CausalLMAdapter(assistant.model)
+    adapter = causal_lm_adapter(assistant.model)
     if same_vocabulary(model.tokenizer, assistant.tokenizer):
-        return AssistantDraft(adapter, model_vocab_size=CausalLMAdapter(model.model).vocab_size)
+        return AssistantDraft(adapter, model_vocab_size=model.model.get_output_embeddings().weight.shape[0])
     if model.tokenizer is None or assistant.tokenizer is None:
         raise ValueError("the model and the assistant have different vocabularies and no tokenizers to bridge them")
     return CrossTokenizerDraft(adapter, model.tokenizer, assistant.tokenizer)
@@ -90,7 +90,7 @@ def generate_text(model: TextModel, prompt: str, options: GenerationOptions, ass
     eos = model.tokenizer.eos_token_id
     if not options.eos_token_ids and eos is not None:
         options = replace(options, eos_token_ids=(eos,))
-    adapter = CausalLMAdapter(model.model)
+    adapter = causal_lm_adapter(model.model)
     if options.max_length is None and adapter.max_length:
         options = replace(options, max_length=int(adapter.max_length))
     result = generate(adapter, prompt_ids, options, draft=draft)

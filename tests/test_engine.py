@@ -39,6 +39,7 @@ from decoding import (
     GenerationResult,
     PromptLookupDraft,
     SamplingOptions,
+    causal_lm_adapter,
     generate,
 )
 from decoding.universal import CrossTokenizerDraft
@@ -127,17 +128,17 @@ def reference(arch: str, seed: int) -> tuple[list[int], GenerationResult, list[i
     """(prompt, our plain greedy result, transformers' greedy tokens) for one model and prompt."""
     prompt = prompt_for(seed)
     lm = model(arch, seed)
-    plain = generate(CausalLMAdapter(lm), prompt, GenerationOptions(max_new_tokens=NEW_TOKENS))
+    plain = generate(causal_lm_adapter(lm), prompt, GenerationOptions(max_new_tokens=NEW_TOKENS))
     return prompt, plain, transformers_greedy(lm, prompt, NEW_TOKENS)
 
 
 def draft_for(kind: str, arch: str, seed: int):
     if kind == "identical":
-        return AssistantDraft(CausalLMAdapter(model(arch, seed)))
+        return AssistantDraft(causal_lm_adapter(model(arch, seed)))
     if kind == "unrelated":
-        return AssistantDraft(CausalLMAdapter(unrelated(arch, seed)))
+        return AssistantDraft(causal_lm_adapter(unrelated(arch, seed)))
     if kind == "perturbed":
-        return AssistantDraft(CausalLMAdapter(perturbed(arch, seed)))
+        return AssistantDraft(causal_lm_adapter(perturbed(arch, seed)))
     return PromptLookupDraft()
 
 
@@ -188,7 +189,7 @@ def test_assisted_greedy_matches_greedy(arch: str, kind: str, schedule: str, k: 
     rates = []
     for seed in SEEDS:
         prompt, plain, hf = reference(arch, seed)
-        result = generate(CausalLMAdapter(model(arch, seed)), prompt, options, draft=draft_for(kind, arch, seed))
+        result = generate(causal_lm_adapter(model(arch, seed)), prompt, options, draft=draft_for(kind, arch, seed))
         assert result.tokens == hf, f"{kind} {schedule} k={k} seed {seed}"
         assert result.logprobs == pytest.approx(plain.logprobs, abs=1e-4)
         assert not result.finished
@@ -273,7 +274,7 @@ def cross_reference(text: str, kind: str) -> tuple[list[int], list[int]]:
     lm, _ = cross_pair(kind)
     prompt = multi.encode(text, add_special_tokens=False)
     hf = transformers_greedy(lm, prompt, 20)
-    assert generate(CausalLMAdapter(lm), prompt, GenerationOptions(max_new_tokens=20)).tokens == hf
+    assert generate(causal_lm_adapter(lm), prompt, GenerationOptions(max_new_tokens=20)).tokens == hf
     return prompt, hf
 
 
@@ -285,8 +286,8 @@ def test_cross_tokenizer_greedy_matches_greedy(text: str, kind: str, schedule: s
     lm, assistant = cross_pair(kind)
     prompt, hf = cross_reference(text, kind)
     options = GenerationOptions(max_new_tokens=len(hf), schedule=schedule, num_assistant_tokens=3)
-    draft = CrossTokenizerDraft(CausalLMAdapter(assistant), multi, english)
-    result = generate(CausalLMAdapter(lm), prompt, options, draft=draft)
+    draft = CrossTokenizerDraft(causal_lm_adapter(assistant), multi, english)
+    result = generate(causal_lm_adapter(lm), prompt, options, draft=draft)
     assert result.tokens == hf
     check_stats(result, prompt)
     if kind == "copy":
@@ -304,8 +305,8 @@ def test_cross_tokenizer_partial_utf8_and_special_tokens(kind: str) -> None:
     saw_partial = False
     for prompt in prompts:
         hf = transformers_greedy(lm, prompt, 30)
-        result = generate(CausalLMAdapter(lm), prompt, GenerationOptions(max_new_tokens=30),
-                          draft=CrossTokenizerDraft(CausalLMAdapter(assistant), multi, english))
+        result = generate(causal_lm_adapter(lm), prompt, GenerationOptions(max_new_tokens=30),
+                          draft=CrossTokenizerDraft(causal_lm_adapter(assistant), multi, english))
         assert result.tokens == hf
         check_stats(result, prompt)
         saw_partial |= "\ufffd" in multi.decode(prompt[-1:] + result.tokens[:1]) or any(
@@ -318,8 +319,8 @@ def test_cross_tokenizer_sampling_is_reproducible() -> None:
     lm, assistant = cross_pair("copy")
     prompt = multi.encode("Hello, world! Ünïcödé", add_special_tokens=False)
     options = GenerationOptions(max_new_tokens=20, sampling=SamplingOptions(temperature=0.8), seed=3)
-    runs = [generate(CausalLMAdapter(lm), prompt, options,
-                     draft=CrossTokenizerDraft(CausalLMAdapter(assistant), multi, english)).tokens for _ in range(2)]
+    runs = [generate(causal_lm_adapter(lm), prompt, options,
+                     draft=CrossTokenizerDraft(causal_lm_adapter(assistant), multi, english)).tokens for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 20
 
 
@@ -352,8 +353,8 @@ def test_eos_drafted_mid_round(arch: str, kind: str) -> None:
         for schedule in ("constant", "heuristic"):
             options = GenerationOptions(max_new_tokens=NEW_TOKENS, eos_token_ids=(eos,), schedule=schedule,
                                         num_assistant_tokens=5)
-            plain = generate(CausalLMAdapter(lm), prompt, options)
-            result = generate(CausalLMAdapter(lm), prompt, options, draft=draft_for(kind, arch, seed))
+            plain = generate(causal_lm_adapter(lm), prompt, options)
+            result = generate(causal_lm_adapter(lm), prompt, options, draft=draft_for(kind, arch, seed))
             for r in (plain, result):
                 assert r.tokens == expected and r.finished, f"seed {seed}"
                 check_stats(r, prompt, drafted=r is result)
@@ -378,8 +379,8 @@ def test_max_new_tokens_mid_round(arch: str, schedule: str) -> None:
         for n in range(1, 10):
             options = GenerationOptions(max_new_tokens=n, schedule=schedule, num_assistant_tokens=5)
             for assistant in (lm, unrelated(arch, seed)):
-                recorder = Recorder(AssistantDraft(CausalLMAdapter(assistant)))
-                result = generate(CausalLMAdapter(lm), prompt, options, draft=recorder)
+                recorder = Recorder(AssistantDraft(causal_lm_adapter(assistant)))
+                result = generate(causal_lm_adapter(lm), prompt, options, draft=recorder)
                 assert result.tokens == plain.tokens[:n] and not result.finished, f"seed {seed} n={n}"
                 check_stats(result, prompt)
                 # Never asks for more drafts than can be kept beside the model's own token.
@@ -397,7 +398,7 @@ def test_k_one_drafts_one_token_per_round() -> None:
         prompt, plain, _ = reference("gpt2", seed)
         options = GenerationOptions(max_new_tokens=NEW_TOKENS, schedule="constant", num_assistant_tokens=1)
         lm = model("gpt2", seed)
-        result = generate(CausalLMAdapter(lm), prompt, options, draft=AssistantDraft(CausalLMAdapter(lm)))
+        result = generate(causal_lm_adapter(lm), prompt, options, draft=AssistantDraft(causal_lm_adapter(lm)))
         assert result.tokens == plain.tokens
         assert set(result.stats.draft_lengths) <= {0, 1}
         assert result.stats.rounds == NEW_TOKENS // 2 and result.stats.accepted_length_histogram == {1: NEW_TOKENS // 2}
@@ -409,11 +410,11 @@ def test_max_length_respected_exactly(arch: str, kind: str) -> None:
     positions = 24
     limit = {"n_positions": positions} if arch == "gpt2" else {"max_position_embeddings": positions}
     lm = tiny_causal_lm(arch, 7, **limit)
-    adapter = CausalLMAdapter(lm)
+    adapter = causal_lm_adapter(lm)
     assert adapter.max_length == positions
     other = tiny_causal_lm(arch, 8, **limit)
-    draft = {"identical": lambda: AssistantDraft(CausalLMAdapter(lm)),
-             "unrelated": lambda: AssistantDraft(CausalLMAdapter(other)),
+    draft = {"identical": lambda: AssistantDraft(causal_lm_adapter(lm)),
+             "unrelated": lambda: AssistantDraft(causal_lm_adapter(other)),
              "lookup": PromptLookupDraft}[kind]
     for prompt_length in (1, 5, 23):
         g = torch.Generator().manual_seed(prompt_length)
@@ -634,7 +635,7 @@ def test_speculative_sampling_on_a_transformers_model() -> None:
     with torch.no_grad():
         for p in noisy.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    check_sampling(CausalLMAdapter(net), lambda: AssistantDraft(CausalLMAdapter(noisy)), [3, 7, 1],
+    check_sampling(causal_lm_adapter(net), lambda: AssistantDraft(causal_lm_adapter(noisy)), [3, 7, 1],
                    SamplingOptions(temperature=1.0, top_k=8), runs=500, min_samples=80)
 
 
@@ -645,7 +646,7 @@ def test_identical_assistant_accepts_everything_when_sampling(arch: str) -> None
         prompt = prompt_for(seed)
         options = GenerationOptions(max_new_tokens=NEW_TOKENS, sampling=SamplingOptions(temperature=0.9, top_p=0.95),
                                     seed=seed)
-        result = generate(CausalLMAdapter(lm), prompt, options, draft=AssistantDraft(CausalLMAdapter(lm)))
+        result = generate(causal_lm_adapter(lm), prompt, options, draft=AssistantDraft(causal_lm_adapter(lm)))
         assert result.stats.acceptance_rate >= 0.99 and len(result.tokens) == NEW_TOKENS
         check_stats(result, prompt)
 
@@ -659,7 +660,7 @@ def test_seeded_sampling_is_reproducible(kind: str) -> None:
     def run(s: int) -> list[int]:
         options = GenerationOptions(max_new_tokens=NEW_TOKENS, seed=s,
                                     sampling=SamplingOptions(temperature=0.8, top_k=50, top_p=0.9))
-        return generate(CausalLMAdapter(lm), prompt, options, draft=draft_for(kind, arch, seed)).tokens
+        return generate(causal_lm_adapter(lm), prompt, options, draft=draft_for(kind, arch, seed)).tokens
 
     tokens = [run(s) for s in (5, 5, 6, 7)]
     assert tokens[0] == tokens[1]
@@ -672,7 +673,7 @@ def test_seeded_sampling_is_reproducible(kind: str) -> None:
 
 def test_empty_prompt_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one token"):
-        generate(CausalLMAdapter(model("gpt2", 0)), [], GenerationOptions())
+        generate(causal_lm_adapter(model("gpt2", 0)), [], GenerationOptions())
 
 
 @pytest.mark.parametrize("make", [
@@ -702,11 +703,13 @@ def test_invalid_options_raise(make) -> None:
         max_source_positions=16, max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=1,
         decoder_start_token_id=2)),
 ], ids=["t5", "whisper"])
-def test_adapter_refuses_encoder_decoder(make) -> None:
+@pytest.mark.parametrize("adapter", [causal_lm_adapter, CausalLMAdapter])
+def test_adapter_refuses_encoder_decoder(make, adapter) -> None:
     with pytest.raises(ValueError, match="encoder-decoder"):
-        CausalLMAdapter(make())
+        adapter(make())
 
 
-def test_adapter_refuses_model_without_lm_head() -> None:
+@pytest.mark.parametrize("adapter", [causal_lm_adapter, CausalLMAdapter])
+def test_adapter_refuses_model_without_lm_head(adapter) -> None:
     with pytest.raises(ValueError, match="head"):
-        CausalLMAdapter(GPT2Model(GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2)))
+        adapter(GPT2Model(GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2)))

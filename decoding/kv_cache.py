@@ -1,0 +1,59 @@
+"""Preallocated key/value buffers written by position (gpt-fast's KVCache), croppable and row-selectable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class StaticKVCache:
+    """Self-attention keys and values `[layers, B, kv_heads, capacity, head_dim]`, filled up to `length` slots.
+
+    Cropping is setting `length`; appending writes slots `length:length + T` in place, so neither a rejected
+    draft nor a new token copies what the cache already holds (transformers' DynamicCache concatenates).
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    length: int = 0
+
+    @classmethod
+    def empty(cls, layers: int, batch_size: int, heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
+              device: torch.device) -> "StaticKVCache":
+        shape = (layers, batch_size, heads, capacity, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    def ensure(self, needed: int) -> None:
+        """Grows the buffers (doubling) so that `needed` slots fit."""
+        capacity = self.keys.shape[3]
+        if needed <= capacity:
+            return
+        extra = max(needed, 2 * capacity) - capacity
+        pad = (0, 0, 0, extra)
+        self.keys = F.pad(self.keys, pad)
+        self.values = F.pad(self.values, pad)
+
+    def write(self, layer: int, start: int, keys: torch.Tensor,
+              values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores `[B, kv_heads, T, head_dim]` keys and values at slots `start:start + T` of `layer`; returns the
+        layer's keys and values up to the end of what was written."""
+        end = start + keys.shape[2]
+        self.keys[layer, :, :, start:end] = keys
+        self.values[layer, :, :, start:end] = values
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.keys = self.keys[:, rows]
+        self.values = self.values[:, rows]
+
+
+def causal_mask(start: int, width: int, device: torch.device) -> torch.Tensor:
+    """`[1, 1, width, start + width]` boolean: new token `i` sees every cached slot and the new tokens up to `i`."""
+    slots = torch.arange(start + width, device=device)
+    return (slots[None, :] <= (start + torch.arange(width, device=device))[:, None])[None, None]
