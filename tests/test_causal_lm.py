@@ -46,6 +46,8 @@ def tiny(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
     llama = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
              "initializer_range": 0.3, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    if arch == "gpt2-layer-scaled":
+        return tiny("gpt2", seed, scale_attn_by_inverse_layer_idx=True, **overrides)
     if arch == "gpt2":
         config = GPT2Config(**{"vocab_size": VOCAB, "n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 4,
                                "initializer_range": 0.3, "bos_token_id": None, "eos_token_id": None,
@@ -62,13 +64,13 @@ def tiny(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
     raise ValueError(arch)
 
 
-ARCHS = ("gpt2", "llama", "llama-mha", "mistral", "qwen2")
+ARCHS = ("gpt2", "gpt2-layer-scaled", "llama", "llama-mha", "mistral", "qwen2")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_direct_pass_is_chosen(arch: str) -> None:
     adapter = causal_lm_adapter(tiny(arch))
-    assert isinstance(adapter, GPT2Pass if arch == "gpt2" else LlamaPass)
+    assert isinstance(adapter, GPT2Pass if arch.startswith("gpt2") else LlamaPass)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
