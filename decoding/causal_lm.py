@@ -1,10 +1,10 @@
 """A direct forward pass for GPT-2- and Llama-shaped causal LMs, with preallocated key/value buffers.
 
-transformers' forward spends on a CPU more time in Python (module calls, mask and cache bookkeeping) than in
-arithmetic for small models: a 6-layer, 384-wide GPT-2 step takes ~17 ms, of which the layers' matmuls are
-~3 ms and the 50k-word head ~4 ms. This pass calls the model's own weights through the same kernels in the
-same order as transformers' SDPA attention path, so its logits are transformers' (tests/test_causal_lm.py), but
-keeps keys and values in `StaticKVCache` buffers and calls each layer's functions directly. Other
+transformers' forward adds Python work to every step (module calls, mask and cache bookkeeping): ~3 ms of a
+17 ms step for a 6-layer, 384-wide GPT-2 on one CPU thread, and most of a step on a GPU, where small steps are
+bound by kernel launches. This pass calls the model's own weights through the same kernels in the same order
+as transformers' SDPA attention path, so its logits are transformers' bit for bit (tests/test_causal_lm.py),
+but keeps keys and values in `StaticKVCache` buffers and calls each layer's functions directly. Other
 architectures, and models loaded with another attention implementation, use `CausalLMAdapter`.
 """
 
@@ -49,9 +49,6 @@ def direct_pass_unsupported(model: torch.nn.Module) -> str | None:
     window = getattr(config, "sliding_window", None)
     if window is not None and window < (config.max_position_embeddings or 0):
         return "a sliding window shorter than the model's length"
-    attention = model.model.layers[0].self_attn
-    if any(hasattr(attention, norm) for norm in ("q_norm", "k_norm")):
-        return "query/key norms"
     return None
 
 
@@ -115,7 +112,7 @@ class GPT2Pass(_DirectPass):
         self.norm = layer_norm_fn(body.ln_f)
         self.blocks = [
             (layer_norm_fn(b.ln_1), _conv1d(b.attn.c_attn), _conv1d(b.attn.c_proj), self._scaling(config, index),
-             layer_norm_fn(b.ln_2), _conv1d(b.mlp.c_fc), b.mlp.act, _conv1d(b.mlp.c_proj))
+             layer_norm_fn(b.ln_2), _conv1d(b.mlp.c_fc), b.mlp.act.forward, _conv1d(b.mlp.c_proj))
             for index, b in enumerate(body.h)
         ]
 
@@ -157,7 +154,7 @@ class LlamaPass(_DirectPass):
             (_rms_norm(layer.input_layernorm), linear_fn(layer.self_attn.q_proj), linear_fn(layer.self_attn.k_proj),
              linear_fn(layer.self_attn.v_proj), linear_fn(layer.self_attn.o_proj), layer.self_attn.scaling,
              _rms_norm(layer.post_attention_layernorm), linear_fn(layer.mlp.gate_proj), linear_fn(layer.mlp.up_proj),
-             layer.mlp.act_fn, linear_fn(layer.mlp.down_proj))
+             layer.mlp.act_fn.forward, linear_fn(layer.mlp.down_proj))
             for layer in body.layers
         ]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 
 @dataclass
@@ -27,14 +26,17 @@ class StaticKVCache:
         return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
     def ensure(self, needed: int) -> None:
-        """Grows the buffers (doubling) so that `needed` slots fit."""
+        """Grows the buffers (doubling) so that `needed` slots fit, copying only the filled slots."""
         capacity = self.keys.shape[3]
         if needed <= capacity:
             return
-        extra = max(needed, 2 * capacity) - capacity
-        pad = (0, 0, 0, extra)
-        self.keys = F.pad(self.keys, pad)
-        self.values = F.pad(self.values, pad)
+        shape = list(self.keys.shape)
+        shape[3] = max(needed, 2 * capacity)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            grown = old.new_zeros(shape)
+            grown[:, :, :, :self.length] = old[:, :, :, :self.length]
+            setattr(self, name, grown)
 
     def write(self, layer: int, start: int, keys: torch.Tensor,
               values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
