@@ -252,9 +252,10 @@ DISTIL_FOR = {
 def choose_auto(model_bundle: Any) -> str:
     """The assistant our measurements show to be fastest, with the same words, for this model and device.
 
-    On a CPU none pays for a model as small as `base`: its decoder step is mostly fixed per-layer cost, so
-    even a weight-only int8 copy drafts at ~0.6 of its price and the whole run ends level (self:int8
-    0.95x-1.01x, self:bf16 0.83x-0.88x, tiny.en 0.42x of plain greedy; README, "What `auto` picks").
+    On a CPU none pays for a model as small as `base`: its decoder step is bound by memory traffic that a
+    same-size copy cannot shed, so even a weight-only int8 copy drafts at ~0.6 of its price and the whole run
+    ends at best level (self:int8 0.84x-1.01x, self:bf16 0.79x-0.88x, tiny.en 0.71x-0.83x of plain greedy;
+    README, "What `auto` picks").
     On a GPU, where a large model's 32-layer step costs ~14x a 2-layer distil step (H200, fp16), a
     distil-whisper student that shares the encoder where one exists; otherwise none (a same-size copy of
     `base` is 2.4x slower there).

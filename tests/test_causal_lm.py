@@ -94,6 +94,18 @@ def test_logits_equal_transformers_bit_for_bit(arch: str) -> None:
         assert ours.forward(ids[:, :1], ours.new_cache(1), 0).shape == (1, 0, VOCAB)
 
 
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("arch", ("gpt2", "llama", "qwen2"))
+def test_half_precision_logits_equal_transformers(arch: str, dtype: torch.dtype) -> None:
+    lm = tiny(arch, 3).to(dtype)
+    ours, theirs = causal_lm_adapter(lm), CausalLMAdapter(lm)
+    ours_cache, their_cache = ours.new_cache(1), theirs.new_cache(1)
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
+    for chunk in (ids[:, :6], ids[:, 6:7], ids[:, 7:11]):
+        width = chunk.shape[1]
+        assert torch.equal(ours.forward(chunk, ours_cache, width), theirs.forward(chunk, their_cache, width))
+
+
 @pytest.mark.parametrize("arch", ("gpt2", "llama"))
 def test_ragged_batch_equals_transformers(arch: str) -> None:
     """Rows of different lengths with holes (rewound drafts): explicit masks and positions, and row selection."""
