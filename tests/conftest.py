@@ -37,6 +37,17 @@ def _torch_threads() -> None:
     torch.set_num_threads(2)
 
 
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One torch thread for a module of tiny models (they run fastest so); the session's setting after it.
+
+    Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One conversion cache for the session, so each real model is converted once."""

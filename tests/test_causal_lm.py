@@ -7,8 +7,6 @@ verification pass after a crop, and a ragged batch with holes; anything it canno
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from transformers import (
@@ -32,12 +30,7 @@ from decoding.ragged import RaggedBatch
 VOCAB = 97
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:

@@ -12,7 +12,7 @@ import copy
 import functools
 import importlib.resources
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -55,13 +55,7 @@ KINDS = ("identical", "unrelated", "perturbed", "lookup")
 NOISE = 0.05
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny models run fastest on one thread; restore the session's setting afterwards.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------------------------
