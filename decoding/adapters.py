@@ -6,6 +6,7 @@ appends to it on `forward` and cuts it back on `crop`. Nothing else about the mo
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol
 
 import torch
@@ -53,8 +54,10 @@ class CausalLMAdapter:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
         self.max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-
         self.dtype = next(model.parameters()).dtype
+        # transformers renamed `past_key_values` to `cache` in 5.2x; older 5.x releases know only the first.
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
 
     @staticmethod
     def check(model: torch.nn.Module) -> None:
@@ -76,7 +79,8 @@ class CausalLMAdapter:
     def forward(self, input_ids: torch.Tensor, cache: Any, num_logits: int,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         # logits_to_keep=0 means "all" to transformers: keep one and drop it when none is wanted.
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=max(num_logits, 1),
+        out = self.model(input_ids=input_ids, **{self._cache_argument: cache}, use_cache=True,
+                         logits_to_keep=max(num_logits, 1),
                          attention_mask=additive_mask(attention_mask, self.dtype), position_ids=position_ids)
         return out.logits[:, out.logits.shape[1] - num_logits:].float()
 
