@@ -118,7 +118,7 @@ def build_tokenizer(tokenizer_json: Path) -> WhisperTokenizerFast:
     restored = restore_missing_merges(spec)
     if restored:
         logger.info("%s: restored %d BPE merge(s) missing from the file (%s)", tokenizer_json, len(restored),
-                       ", ".join(restored[:3]))
+                    ", ".join(restored[:3]))
     try:
         tokenizer = WhisperTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
                                          extra_special_tokens=specials, pad_token="<|endoftext|>")

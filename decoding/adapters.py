@@ -49,11 +49,10 @@ class CausalLMAdapter:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.check(model)
-        config = model.config
         self.model = model
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
-        self.max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        self.max_length = max_positions(model.config)
         self.dtype = next(model.parameters()).dtype
         # transformers renamed `past_key_values` to `cache` in 5.2x; older 5.x releases know only the first.
         parameters = inspect.signature(model.forward).parameters
@@ -89,6 +88,11 @@ class CausalLMAdapter:
 
     def select(self, cache: Any, rows: torch.Tensor) -> None:
         cache.batch_select_indices(rows)
+
+
+def max_positions(config) -> int | None:
+    """The longest sequence a causal LM's config allows (GPT-2 names it `n_positions`), or None."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
 def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from decoding.adapters import CausalLMAdapter, ModelAdapter
+from decoding.adapters import CausalLMAdapter, ModelAdapter, max_positions
 from decoding.kv_cache import StaticKVCache, causal_mask
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -56,14 +56,12 @@ class _DirectPass:
     """What both architectures share: the cache, the mask, the head, and the adapter protocol."""
 
     def __init__(self, model: torch.nn.Module, layers: int, kv_heads: int, head_dim: int, capacity: int) -> None:
-        self.model = model
         head = model.get_output_embeddings()
         self.lm_head = linear_fn(head)
         self.vocab_size = int(head.weight.shape[0])
         self.device = head.weight.device
         self.dtype = head.weight.dtype
-        config = model.config
-        self.max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        self.max_length = max_positions(model.config)
         self._cache_shape = (layers, kv_heads, head_dim)
         self.capacity = capacity
 
