@@ -201,8 +201,14 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
 
     spec = spec.strip()
     if spec == "auto":
-        spec = choose_auto(model_bundle)
-        logger.info("--assistant auto chose %s", spec)
+        chosen = choose_auto(model_bundle)
+        logger.info("--assistant auto chose %s", chosen)
+        try:
+            return make_assistant(chosen, model_bundle, device=device, dtype=dtype)
+        except ValueError as error:
+            # auto must never fail a run: without its student (no Hub access, say) it decodes plainly.
+            logger.warning("--assistant auto: %s; decoding without an assistant", error)
+            return None
     if spec in ("none", ""):
         return None
     name, precision = _split_precision(spec)
@@ -215,9 +221,11 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     bundle = load_model(name, device=device, dtype=dtype)
     assistant = FullAssistant(spec, bundle, model_bundle)
     if assistant.same_tokenizer and _same_encoder(bundle.model, model_bundle.model):
-        # distil-whisper copies the teacher's encoder: run it once, for both.
+        # distil-whisper copies the teacher's encoder: run it once, for both, and keep only the student's
+        # decoder and head (the encoder copy is 2.5 GB for large-v3 in fp32).
         logger.info("assistant %s has the model's encoder: sharing it", spec)
-        return _in_precision(SharedEncoderAssistant(spec, bundle.model), precision, spec)
+        student = _DecoderCopy(bundle.model.get_decoder(), bundle.model.get_output_embeddings(), bundle.model.config)
+        return _in_precision(SharedEncoderAssistant(spec, student.eval()), precision, spec)
     if precision is not None:
         assistant.decoder_model = low_precision_decoder(bundle.model, precision)[0].eval()
     return assistant
@@ -249,22 +257,34 @@ DISTIL_FOR = {
 }
 
 
-def choose_auto(model_bundle: Any) -> str:
-    """The assistant our measurements show to be fastest, with the same words, for this model and device.
+# Students worth drafting with on a CPU as well. fp32, 2 threads, real shapes with random weights
+# (`scripts/bench_gpu.py shapes --device cpu ...`, README): a distil-large-v3 step costs 0.087 of a large-v3
+# step (22 ms against 254), distil-medium.en 0.11 of medium.en's (18 against 166), so drafting pays from ~30 %
+# and ~20 % agreement on. distil-small.en keeps 4 of small.en's 12 layers and the whole output head: 0.38 of
+# its step (21 against 56), paying only above ~46 % agreement and by 1.1-1.2x at 70-80 %, so none there.
+CPU_STUDENTS = ("distil-whisper/distil-large-v3", "distil-whisper/distil-large-v2", "distil-whisper/distil-medium.en")
 
-    On a CPU none pays for a model as small as `base`: its decoder step is bound by memory traffic that a
-    same-size copy cannot shed, so even a weight-only int8 copy drafts at ~0.6 of its price and the whole run
-    ends at best level (self:int8 0.84x-1.01x, self:bf16 0.79x-0.88x, tiny.en 0.71x-0.83x of plain greedy;
-    README, "What `auto` picks").
-    On a GPU, where a large model's 32-layer step costs ~14x a 2-layer distil step (H200, fp16), a
-    distil-whisper student that shares the encoder where one exists; otherwise none (a same-size copy of
-    `base` is 2.4x slower there).
-    """
+
+def choose_auto(model_bundle: Any) -> str:
+    """The assistant our measurements show to be fastest, with the same words, for this model and its device."""
     device = next(model_bundle.model.parameters()).device
-    if device.type == "cpu":
+    return auto_assistant(device.type, model_bundle.source)
+
+
+def auto_assistant(device_type: str, source: str) -> str:
+    """What `--assistant auto` picks for a model loaded from `source` ("hub:openai/whisper-large-v3", ...).
+
+    A distil-whisper student that shares the model's encoder where one exists: on a GPU, where a large
+    model's 32-layer step costs ~14x a 2-layer student's (H200, fp16); on a CPU only where our measurements
+    show the student's step to be a small fraction of the model's (`CPU_STUDENTS`). Otherwise none: for a
+    model as small as `base` no assistant available here pays on either (a CPU step is bound by memory traffic
+    that a same-size copy cannot shed: self:int8 0.84x-1.01x, tiny.en 0.71x-0.83x of plain greedy; a GPU step
+    by kernel launches: self copies 2.4x slower; README, "What `auto` picks").
+    """
+    student = DISTIL_FOR.get(source.removeprefix("hub:"), "none")
+    if device_type == "cpu" and student not in CPU_STUDENTS:
         return "none"
-    source = model_bundle.source.removeprefix("hub:")
-    return DISTIL_FOR.get(source, "none")
+    return student
 
 
 def _same_encoder(a: torch.nn.Module, b: torch.nn.Module) -> bool:

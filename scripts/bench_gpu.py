@@ -1,12 +1,14 @@
 """GPU checks: per-step costs of real large-model shapes, and fp16/bf16 speed and word parity on real weights.
 
     python scripts/bench_gpu.py shapes --out shapes.json
+    python scripts/bench_gpu.py shapes --device cpu --dtypes float32 --batches 1 --no-rounds --out cpu.json
     python scripts/bench_gpu.py real --model FOLDER --audio clips.npz --out real.json
 
 `shapes` builds large-v3, distil-large-v3 (2 decoder layers) and large-v3-turbo (4) with random weights in
-fp16/bf16 (their speed does not depend on the weights' values) and times, through our decoder adapter, the
-encoder per window and one decoder pass of 1..9 tokens at batch 1 and 8, then the whole engine round with an
-identical assistant (everything accepted) against plain greedy, which gives the per-round overhead.
+fp16/bf16 (their speed does not depend on the weights' values; `--family medium.en|small.en` for those pairs)
+and times, through our decoder adapter, the encoder per window and one decoder pass of 1..9 tokens at batch 1
+and 8, then the whole engine round with an identical assistant (everything accepted) against plain greedy, which gives the per-round overhead. On a CPU
+(`--device cpu --dtypes float32 --batches 1 --no-rounds`) the same step costs decide what `auto` picks there.
 `real` transcribes clips (16 kHz float32 arrays in an .npz, references in its `__refs__` entry as JSON) with a
 real model folder on the GPU in float32, float16 and bfloat16, with and without a `self:` assistant, and writes
 every hypothesis; `scripts/gpu_wer.py` scores them here. The device image lacks librosa and soundfile, which only
@@ -46,28 +48,45 @@ def _timed(fn, repeats: int = 20) -> float:
     return float(np.median(times))
 
 
-def shapes(out: str, device: str) -> None:
+# Real decoder shapes (random weights): the teacher first, its distil-whisper student last.
+FAMILIES = {
+    "large-v3": (dict(d_model=1280, encoder_layers=32, encoder_attention_heads=20, decoder_attention_heads=20,
+                      encoder_ffn_dim=5120, decoder_ffn_dim=5120, num_mel_bins=128, vocab_size=51866),
+                 [("large-v3", 32), ("turbo", 4), ("distil-large-v3", 2)]),
+    "medium.en": (dict(d_model=1024, encoder_layers=24, encoder_attention_heads=16, decoder_attention_heads=16,
+                       encoder_ffn_dim=4096, decoder_ffn_dim=4096, num_mel_bins=80, vocab_size=51864),
+                  [("medium.en", 24), ("distil-medium.en", 2)]),
+    "small.en": (dict(d_model=768, encoder_layers=12, encoder_attention_heads=12, decoder_attention_heads=12,
+                      encoder_ffn_dim=3072, decoder_ffn_dim=3072, num_mel_bins=80, vocab_size=51864),
+                 [("small.en", 12), ("distil-small.en", 4)]),
+}
+
+
+def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds: bool, family: str) -> None:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     from asr.decoder import WhisperDecoderAdapter, encode
     from decoding import AssistantDraft
     from decoding.engine import GenerationOptions, generate
 
-    large = dict(d_model=1280, encoder_layers=32, decoder_layers=32, encoder_attention_heads=20,
-                 decoder_attention_heads=20, encoder_ffn_dim=5120, decoder_ffn_dim=5120, num_mel_bins=128,
-                 vocab_size=51866, max_target_positions=448, max_source_positions=1500)
-    results: dict = {"device": _device_name(device), "torch": torch.__version__}
-    for dtype_name, dtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+    shape, decoders = FAMILIES[family]
+    teacher, student = decoders[0][0], decoders[-1][0]
+    results: dict = {"device": _device_name(device), "torch": torch.__version__, "family": family}
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
         models = {}
-        for name, layers in (("large-v3", 32), ("turbo", 4), ("distil-large-v3", 2)):
+        for name, layers in decoders:
             with torch.device(device):
-                config = WhisperConfig(**{**large, "decoder_layers": layers})
+                # Only the teacher's encoder runs; the others read its output (a 1-layer encoder saves memory).
+                config = WhisperConfig(**{**shape, "decoder_layers": layers,
+                                          "encoder_layers": shape["encoder_layers"] if name == teacher else 1,
+                                          "max_target_positions": 448, "max_source_positions": 1500})
                 models[name] = WhisperForConditionalGeneration(config).to(dtype).eval()
-        features = torch.randn(8, 128, 3000, device=device, dtype=dtype)
+        features = torch.randn(max(batches), shape["num_mel_bins"], 3000, device=device, dtype=dtype)
         entry: dict = {}
-        for batch in (1, 8):
-            encoder_output = encode(models["large-v3"], features[:batch])
-            entry[f"encoder_b{batch}_s"] = _timed(lambda: encode(models["large-v3"], features[:batch]), 5)
+        for batch in batches:
+            encoder_output = encode(models[teacher], features[:batch])
+            entry[f"encoder_b{batch}_s"] = _timed(lambda: encode(models[teacher], features[:batch]), 5)
             for name, model in models.items():
                 adapter = WhisperDecoderAdapter(model, encoder_output)
                 cache = adapter.new_cache(batch)
@@ -80,13 +99,18 @@ def shapes(out: str, device: str) -> None:
                         adapter.forward(ids, cache, width)
 
                     entry[f"{name}_b{batch}_w{width}_ms"] = 1000 * _timed(step)
+        if not rounds:
+            results[dtype_name] = entry
+            print(dtype_name, json.dumps(entry, indent=1), flush=True)
+            models.clear()
+            continue
         # Whole rounds: plain greedy vs an identical assistant (all accepted), 128 tokens, batch 1.
-        model = models["large-v3"]
+        model = models[teacher]
         encoder_output = encode(model, features[:1])
         options = GenerationOptions(max_new_tokens=128, schedule="constant", num_assistant_tokens=5)
         prompt = [50258, 50259, 50360, 50364]
         plain = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options), 3)
-        draft_model = models["distil-large-v3"]
+        draft_model = models[student]
         distil = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options,
                                          AssistantDraft(WhisperDecoderAdapter(draft_model, encoder_output))), 3)
         same = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options,
@@ -95,7 +119,8 @@ def shapes(out: str, device: str) -> None:
         results[dtype_name] = entry
         print(dtype_name, json.dumps(entry, indent=1), flush=True)
         models.clear()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
 
@@ -159,9 +184,17 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--limit", type=int, help="only the first N clips (smoke runs)")
+    parser.add_argument("--dtypes", default="float16,bfloat16", help="shapes: comma-separated torch dtypes")
+    parser.add_argument("--batches", default="1,8", help="shapes: comma-separated batch sizes")
+    parser.add_argument("--no-rounds", action="store_true", help="shapes: skip the whole-round timings")
+    parser.add_argument("--family", default="large-v3", choices=list(FAMILIES), help="shapes: which model family")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.mode == "shapes":
-        shapes(args.out, args.device)
+        shapes(args.out, args.device, args.dtypes.split(","), [int(b) for b in args.batches.split(",")],
+               not args.no_rounds, args.family)
     else:
         real(args.model, args.audio, args.out, args.device, args.limit)
 

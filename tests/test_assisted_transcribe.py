@@ -112,6 +112,51 @@ def test_a_precision_suffix_gives_a_low_precision_copy_of_the_assistant(base) ->
         make_assistant("tiny.en:int4", base)
 
 
+def test_auto_picks_a_student_only_where_it_pays() -> None:
+    from asr.assistants import auto_assistant
+
+    large = "hub:openai/whisper-large-v3"
+    assert auto_assistant("cuda", large) == "distil-whisper/distil-large-v3"
+    assert auto_assistant("cpu", large) == "distil-whisper/distil-large-v3"
+    assert auto_assistant("cpu", "hub:openai/whisper-medium.en") == "distil-whisper/distil-medium.en"
+    assert auto_assistant("cuda", "hub:openai/whisper-small.en") == "distil-whisper/distil-small.en"
+    assert auto_assistant("cpu", "hub:openai/whisper-small.en") == "none"
+    for device in ("cpu", "cuda", "mps"):
+        assert auto_assistant(device, "package:base") == "none"
+        assert auto_assistant(device, "local:/models/whisper-large-v3") == "none"
+
+
+def test_auto_is_plain_decoding_for_base_and_when_its_student_cannot_load(base, monkeypatch, caplog) -> None:
+    import asr.assistants
+
+    assert make_assistant("auto", base) is None
+    monkeypatch.setattr(asr.assistants, "choose_auto", lambda bundle: "/nonexistent/distil-student")
+    with caplog.at_level("WARNING", logger="asr.assistants"):
+        assert make_assistant("auto", base) is None
+    assert "decoding without an assistant" in caplog.text and "/nonexistent/distil-student" in caplog.text
+    with pytest.raises(ValueError, match="nonexistent"):
+        make_assistant("/nonexistent/distil-student", base)  # asked for by name, it is an error
+
+
+def test_a_full_model_with_the_models_encoder_drafts_from_the_shared_encoder(base, tmp_path) -> None:
+    """A distil-whisper style folder (the teacher's encoder, a shallower decoder): its encoder is not kept."""
+    import copy
+
+    student = copy.deepcopy(base.model)
+    student.model.decoder.layers = torch.nn.ModuleList([student.model.decoder.layers[i] for i in (0, 5)])
+    student.config.decoder_layers = 2
+    student.save_pretrained(tmp_path)
+    base.tokenizer.save_pretrained(tmp_path)
+    base.feature_extractor.save_pretrained(tmp_path)
+    assistant = make_assistant(str(tmp_path), base)
+    assert isinstance(assistant, SharedEncoderAssistant)
+    assert not hasattr(assistant.decoder_model, "get_encoder")  # decoder and head only
+    audio = load_audio(evaldata("clips", "jfk.flac"))
+    assisted = transcribe(base, audio, assistant=assistant)
+    assert assisted.text == transcribe(base, audio).text
+    assert assisted.stats.encode_seconds > 0 and assisted.stats.generation.drafted_tokens > 0
+
+
 def _sonnet_reference() -> str:
     rows = {r["audio"]: r for r in manifest("longform")}
     return " ".join(rows[f"p00{i}.mp3"]["text_body"] for i in (1, 2, 3))
