@@ -7,8 +7,9 @@
 `shapes` builds large-v3, distil-large-v3 (2 decoder layers) and large-v3-turbo (4) with random weights in
 fp16/bf16 (their speed does not depend on the weights' values; `--family medium.en|small.en` for those pairs)
 and times, through our decoder adapter, the encoder per window and one decoder pass of 1..9 tokens at batch 1
-and 8, then the whole engine round with an identical assistant (everything accepted) against plain greedy, which gives the per-round overhead. On a CPU
-(`--device cpu --dtypes float32 --batches 1 --no-rounds`) the same step costs decide what `auto` picks there.
+and 8, then the whole engine round with an identical assistant (everything accepted) against plain greedy,
+which gives the per-round overhead. On a CPU (`--device cpu --dtypes float32 --batches 1 --no-rounds`) the
+same step costs decide what `auto` picks there.
 `real` transcribes clips (16 kHz float32 arrays in an .npz, references in its `__refs__` entry as JSON) with a
 real model folder on the GPU in float32, float16 and bfloat16, with and without a `self:` assistant, and writes
 every hypothesis; `scripts/gpu_wer.py` scores them here. The device image lacks librosa and soundfile, which only
