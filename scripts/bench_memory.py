@@ -69,8 +69,9 @@ def main() -> None:
 
     result = transcribe(bundle, str(path), assistant=assistant, progress=progress)
     total = result.stats.audio_seconds
+    tokens = result.stats.generation.generated_tokens
     print(f"{total / 60:.1f} min of audio, {len(samples)} windows, {time.perf_counter() - start:.0f} s, "
-          f"RTF {result.stats.rtf:.3f}, {len(result.segments)} segments, {result.stats.generation.generated_tokens} tokens")
+          f"RTF {result.stats.rtf:.3f}, {len(result.segments)} segments, {tokens} tokens")
     print(f"RSS before the audio was read: {before:.0f} MB (model loaded; the 16 kHz float32 samples add "
           f"{total * 16000 * 4 / 2**20:.0f} MB)")
     print("| audio done | window | wall s | RSS MB |\n| ---: | ---: | ---: | ---: |")
