@@ -204,11 +204,17 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
         chosen = choose_auto(model_bundle)
         logger.info("--assistant auto chose %s", chosen)
         try:
-            return make_assistant(chosen, model_bundle, device=device, dtype=dtype)
+            assistant = make_assistant(chosen, model_bundle, device=device, dtype=dtype)
         except ValueError as error:
             # auto must never fail a run: without its student (no Hub access, say) it decodes plainly.
             logger.warning("--assistant auto: %s; decoding without an assistant", error)
             return None
+        if isinstance(assistant, FullAssistant) and next(model_bundle.model.parameters()).device.type == "cpu":
+            # The CPU choice counts on sharing the encoder: a second large encoder costs seconds per window.
+            logger.warning("--assistant auto: %s does not share the model's encoder; decoding without an "
+                           "assistant", chosen)
+            return None
+        return assistant
     if spec in ("none", ""):
         return None
     name, precision = _split_precision(spec)
