@@ -63,12 +63,26 @@ FAMILIES = {
 }
 
 
+def _rounds(model: torch.nn.Module, draft_model: torch.nn.Module, encoder_output: torch.Tensor) -> dict:
+    """Whole rounds: plain greedy vs a student and vs an identical assistant (all accepted), 128 tokens, batch 1."""
+    from asr.decoder import WhisperDecoderAdapter
+    from decoding import AssistantDraft
+    from decoding.engine import GenerationOptions, generate
+
+    options = GenerationOptions(max_new_tokens=128, schedule="constant", num_assistant_tokens=5)
+    prompt = [50258, 50259, 50360, 50364]
+    plain = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options), 3)
+    distil = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options,
+                                     AssistantDraft(WhisperDecoderAdapter(draft_model, encoder_output))), 3)
+    same = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options,
+                                   AssistantDraft(WhisperDecoderAdapter(model, encoder_output))), 3)
+    return dict(plain_128_tokens_s=plain, distil_random_128_tokens_s=distil, identical_assistant_128_tokens_s=same)
+
+
 def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds: bool, family: str) -> None:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     from asr.decoder import WhisperDecoderAdapter, encode
-    from decoding import AssistantDraft
-    from decoding.engine import GenerationOptions, generate
 
     shape, decoders = FAMILIES[family]
     teacher, student = decoders[0][0], decoders[-1][0]
@@ -100,23 +114,8 @@ def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds:
                         adapter.forward(ids, cache, width)
 
                     entry[f"{name}_b{batch}_w{width}_ms"] = 1000 * _timed(step)
-        if not rounds:
-            results[dtype_name] = entry
-            print(dtype_name, json.dumps(entry, indent=1), flush=True)
-            models.clear()
-            continue
-        # Whole rounds: plain greedy vs an identical assistant (all accepted), 128 tokens, batch 1.
-        model = models[teacher]
-        encoder_output = encode(model, features[:1])
-        options = GenerationOptions(max_new_tokens=128, schedule="constant", num_assistant_tokens=5)
-        prompt = [50258, 50259, 50360, 50364]
-        plain = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options), 3)
-        draft_model = models[student]
-        distil = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options,
-                                         AssistantDraft(WhisperDecoderAdapter(draft_model, encoder_output))), 3)
-        same = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options,
-                                       AssistantDraft(WhisperDecoderAdapter(model, encoder_output))), 3)
-        entry.update(plain_128_tokens_s=plain, distil_random_128_tokens_s=distil, identical_assistant_128_tokens_s=same)
+        if rounds:
+            entry.update(_rounds(models[teacher], models[student], encode(models[teacher], features[:1])))
         results[dtype_name] = entry
         print(dtype_name, json.dumps(entry, indent=1), flush=True)
         models.clear()
