@@ -201,7 +201,8 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
 
     spec = spec.strip()
     if spec == "auto":
-        chosen = choose_auto(model_bundle)
+        device_type = next(model_bundle.model.parameters()).device.type
+        chosen = auto_assistant(device_type, model_bundle.source)
         logger.info("--assistant auto chose %s", chosen)
         try:
             assistant = make_assistant(chosen, model_bundle, device=device, dtype=dtype)
@@ -209,7 +210,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
             # auto must never fail a run: without its student (no Hub access, say) it decodes plainly.
             logger.warning("--assistant auto: %s; decoding without an assistant", error)
             return None
-        if isinstance(assistant, FullAssistant) and next(model_bundle.model.parameters()).device.type == "cpu":
+        if isinstance(assistant, FullAssistant) and device_type == "cpu":
             # The CPU choice counts on sharing the encoder: a second large encoder costs seconds per window.
             logger.warning("--assistant auto: %s does not share the model's encoder; decoding without an "
                            "assistant", chosen)
@@ -271,14 +272,9 @@ DISTIL_FOR = {
 CPU_STUDENTS = ("distil-whisper/distil-large-v3", "distil-whisper/distil-large-v2", "distil-whisper/distil-medium.en")
 
 
-def choose_auto(model_bundle: Any) -> str:
-    """The assistant our measurements show to be fastest, with the same words, for this model and its device."""
-    device = next(model_bundle.model.parameters()).device
-    return auto_assistant(device.type, model_bundle.source)
-
-
 def auto_assistant(device_type: str, source: str) -> str:
-    """What `--assistant auto` picks for a model loaded from `source` ("hub:openai/whisper-large-v3", ...).
+    """What `--assistant auto` picks for a model loaded from `source` ("hub:openai/whisper-large-v3", ...) on
+    a `device_type` device: the assistant our measurements show to be fastest, with the same words.
 
     A distil-whisper student that shares the model's encoder where one exists: on a GPU, where a large
     model's 32-layer step costs ~14x a 2-layer student's (H200, fp16); on a CPU only where our measurements

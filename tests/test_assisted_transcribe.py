@@ -130,12 +130,12 @@ def test_auto_is_plain_decoding_for_base_and_when_its_student_cannot_load(base, 
     import asr.assistants
 
     assert make_assistant("auto", base) is None
-    monkeypatch.setattr(asr.assistants, "choose_auto", lambda bundle: "/nonexistent/distil-student")
+    monkeypatch.setattr(asr.assistants, "auto_assistant", lambda device, source: "/nonexistent/distil-student")
     with caplog.at_level("WARNING", logger="asr.assistants"):
         assert make_assistant("auto", base) is None
     assert "decoding without an assistant" in caplog.text and "/nonexistent/distil-student" in caplog.text
     # A student that turns out to need its own encoder is declined on a CPU (tiny.en stands in for one).
-    monkeypatch.setattr(asr.assistants, "choose_auto", lambda bundle: "tiny.en")
+    monkeypatch.setattr(asr.assistants, "auto_assistant", lambda device, source: "tiny.en")
     caplog.clear()
     with caplog.at_level("WARNING", logger="asr.assistants"):
         assert make_assistant("auto", base) is None
