@@ -222,6 +222,12 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     if name == "self":
         module, input_dtype = low_precision_decoder(model_bundle.model, precision or "fp32")
         return SharedEncoderAssistant(spec, module.eval(), input_dtype)
+    folder = draft_folder(name)
+    if folder is not None:
+        from asr.distill.student import load_draft
+
+        draft = load_draft(folder, model_bundle.model)
+        return _in_precision(SharedEncoderAssistant(spec, draft), precision, spec)
     if _is_decoder_only(name):
         assistant = load_decoder_assistant(name, model_bundle, device=device, dtype=dtype)
         return _in_precision(assistant, precision, spec)
@@ -236,6 +242,29 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     if precision is not None:
         assistant.decoder_model = low_precision_decoder(bundle.model, precision)[0].eval()
     return assistant
+
+
+# Drafts trained by `asr distill` and shipped with the package, by name (`--assistant base-draft`).
+DRAFTS_DIR = Path(__file__).resolve().parent / "drafts"
+
+
+def shipped_drafts() -> dict[str, Path]:
+    """Names of the drafts shipped with the package, and their folders."""
+    from asr.distill.student import is_draft_folder
+
+    if not DRAFTS_DIR.is_dir():
+        return {}
+    return {p.name: p for p in sorted(DRAFTS_DIR.iterdir()) if is_draft_folder(p)}
+
+
+def draft_folder(name: str) -> Path | None:
+    """The folder of a draft named `name` (shipped) or at path `name` (written by `asr distill`), else None."""
+    from asr.distill.student import is_draft_folder
+
+    shipped = shipped_drafts().get(name)
+    if shipped is not None:
+        return shipped
+    return Path(name).expanduser() if is_draft_folder(name) else None
 
 
 def _split_precision(spec: str) -> tuple[str, str | None]:

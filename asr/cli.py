@@ -136,9 +136,11 @@ def generate(model, assistant, prompt, max_new_tokens, temperature, top_k, top_p
 def _register_commands() -> None:
     """Commands that live beside their libraries; importing them imports only click."""
     from asr.batch_command import batch_command
+    from asr.distill.command import distill_command
     from eval.cli_command import eval_command
 
     main.add_command(batch_command)
+    main.add_command(distill_command)
     main.add_command(eval_command)
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
+import torch
 
 from asr.alignment import add_word_timestamps
 from asr.assistants import WindowContext
@@ -27,6 +29,17 @@ from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_
 from decoding import DraftSource
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecodedWindow:
+    """One window as the model decoded it: what `window_observer` receives (to train a draft on, say)."""
+
+    audio_index: int  # which of the audios given to `transcribe_many`
+    encoder_output: torch.Tensor  # [1500, d_model] the model's encoder output
+    prompt: list[int]  # the decoder prompt (previous text, start-of-transcript sequence)
+    tokens: list[int]  # the generated tokens, end-of-text excluded
+    temperature: float  # 0.0 for greedy; higher after a fallback
 
 
 class WindowAssistant(Protocol):
@@ -98,11 +111,13 @@ def transcribe_many(
     assistant: WindowAssistant | None = None,
     batch_size: int = 8,
     progress: Callable[[float, float], None] | None = None,
+    window_observer: Callable[[DecodedWindow], None] | None = None,
 ) -> list[Transcript]:
     """Transcribes several audios, decoding up to `batch_size` windows (one per audio) at a time.
 
     Each transcript holds the words `transcribe` gives for that audio alone (greedy decoding; batched and
     single kernels may differ in the last bits of a float). Statistics of shared passes are split evenly.
+    `window_observer`, when given, sees every decoded window (its encoder output, prompt and tokens).
 
     Raises:
         audio.AudioError: an audio cannot be read (decode files first to handle them one by one).
@@ -116,8 +131,8 @@ def transcribe_many(
     initial = []
     if options.initial_prompt:
         initial = bundle.tokenizer.encode(" " + options.initial_prompt.strip(), add_special_tokens=False)
-    items = [_Item(load_audio(audio), language, options, initial) for audio in audios]
-    decoder = _WindowDecoder(bundle, options, assistant)
+    items = [_Item(index, load_audio(audio), language, options, initial) for index, audio in enumerate(audios)]
+    decoder = _WindowDecoder(bundle, options, assistant, window_observer)
     waiting = deque(items)
     active: list[_Item] = []
     while waiting or active:
@@ -135,8 +150,9 @@ def transcribe_many(
 class _Item:
     """One audio's progress through the sequential algorithm."""
 
-    def __init__(self, samples: np.ndarray, language: str | None, options: TranscribeOptions,
+    def __init__(self, index: int, samples: np.ndarray, language: str | None, options: TranscribeOptions,
                  initial_prompt: list[int]) -> None:
+        self.index = index
         self.start = time.perf_counter()
         self.samples = samples
         self.options = options
@@ -192,10 +208,12 @@ class _Item:
 class _WindowDecoder:
     """Decodes the current window of several items at once: encoder, language, assisted decoding, segments, words."""
 
-    def __init__(self, bundle, options: TranscribeOptions, assistant: WindowAssistant | None) -> None:
+    def __init__(self, bundle, options: TranscribeOptions, assistant: WindowAssistant | None,
+                 observer: Callable[[DecodedWindow], None] | None = None) -> None:
         self.bundle = bundle
         self.options = options
         self.assistant = assistant
+        self.observer = observer
         self.rules = FallbackRules(options.temperatures, options.compression_ratio_threshold,
                                    options.logprob_threshold, options.no_speech_threshold)
 
@@ -255,6 +273,8 @@ class _WindowDecoder:
             item.stats.generation.add(generation)
             item.stats.decode_seconds += elapsed * share
             item.stats.windows += 1
+            if self.observer is not None:
+                self.observer(DecodedWindow(item.index, encoder_output[i], prompts[i], result.tokens, result.temperature))
             if no_speech_skip(result, self.rules):
                 item.consume([], item.segment_size, result.temperature)
                 continue

@@ -1,0 +1,156 @@
+"""A distilled draft: a few decoder layers that read their model's encoder output and share its embeddings.
+
+A draft only has to agree with its model, not to transcribe well, so it keeps a couple of the model's own
+decoder layers (distil-whisper starts its students from the first and last layers) and borrows everything
+else from the model at load time: encoder, token and position embeddings, the output head (tied to the token
+embeddings). Its folder holds just the trained layers and final layer norm, a few MB:
+
+    draft.json         format, model it was trained for, teacher layers, shapes, how it was trained
+    model.safetensors  the layers, the final layer norm, and `probe.*`: samples of the model's weights that
+                       the draft checks at load time, so it refuses a model it was not trained for
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT = "assisted-whisper-draft"
+VERSION = 1
+CONFIG_FILE = "draft.json"
+WEIGHTS_FILE = "model.safetensors"
+# Token ids whose embeddings the probe keeps: common text, specials and timestamps of both vocabularies.
+PROBE_IDS = (11, 13, 262, 1000, 5000, 20000, 40000, 50256, 50257, 50258, 50362, 50363, 50364)
+
+
+class DraftDecoder(torch.nn.Module):
+    """A Whisper decoder of a few layers that shares its model's embeddings, positions and output head.
+
+    Exposes `get_decoder()`, `get_output_embeddings()` and `config`, so it drafts through the same direct
+    decoder pass as the model (`asr.decoder.WhisperDecoderAdapter`) and can be copied to int8 like any decoder.
+    """
+
+    def __init__(self, model: torch.nn.Module, layers: Sequence[int]) -> None:
+        super().__init__()
+        teacher = model.get_decoder()
+        if not layers or any(i < 0 or i >= len(teacher.layers) for i in layers):
+            raise ValueError(f"student layers {list(layers)} must be chosen from the model's "
+                             f"{len(teacher.layers)} decoder layers (0..{len(teacher.layers) - 1})")
+        self.config = copy.deepcopy(model.config)
+        self.config.decoder_layers = len(layers)
+        self.teacher_layers = tuple(int(i) for i in layers)
+        # A shallow copy shares the embeddings (and every other submodule) with the model; then it gets its own
+        # layers and final norm, deep copies of the teacher's that training changes.
+        self.decoder = copy.copy(teacher)
+        self.decoder._modules = dict(teacher._modules)
+        self.decoder.layers = torch.nn.ModuleList(copy.deepcopy(teacher.layers[i]) for i in layers)
+        self.decoder.layer_norm = copy.deepcopy(teacher.layer_norm)
+        self.decoder.config = self.config
+        self.proj_out = model.get_output_embeddings()
+
+    def get_decoder(self) -> torch.nn.Module:
+        return self.decoder
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.proj_out
+
+    def trainable(self) -> dict[str, torch.nn.Parameter]:
+        """The draft's own parameters (layers and final norm), by the names they are saved under."""
+        own = {f"layers.{name}": p for name, p in self.decoder.layers.named_parameters()}
+        own.update({f"layer_norm.{name}": p for name, p in self.decoder.layer_norm.named_parameters()})
+        return own
+
+    def forward(self, input_ids: torch.Tensor, encoder_output: torch.Tensor) -> torch.Tensor:
+        """Logits for every position: `[batch, seq]` ids and `[batch, frames, d_model]` -> `[batch, seq, vocab]`."""
+        hidden = self.decoder(input_ids=input_ids, encoder_hidden_states=encoder_output, use_cache=False)
+        return self.proj_out(hidden.last_hidden_state)
+
+
+def model_probe(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Samples of the model's weights that identify it: some token embeddings and the encoder's last norm."""
+    embed = model.get_decoder().embed_tokens.weight
+    ids = torch.tensor([i for i in PROBE_IDS if i < embed.shape[0]], device=embed.device)
+    return {"probe.embed": embed.detach().index_select(0, ids).float().cpu(),
+            "probe.encoder_norm": model.get_encoder().layer_norm.weight.detach().float().cpu()}
+
+
+def save_draft(draft: DraftDecoder, model: torch.nn.Module, folder: str | Path, *, model_name: str,
+               training: dict[str, Any]) -> None:
+    """Writes a draft folder (see the module docstring); weights in float16, which drafting does not miss."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: p.detach().to("cpu", torch.float16).contiguous() for name, p in draft.trainable().items()}
+    tensors.update(model_probe(model))
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": FORMAT})
+    config = draft.config
+    description = {
+        "format": FORMAT, "version": VERSION, "model": model_name, "teacher_layers": list(draft.teacher_layers),
+        "d_model": config.d_model, "decoder_attention_heads": config.decoder_attention_heads,
+        "decoder_ffn_dim": config.decoder_ffn_dim, "vocab_size": config.vocab_size, "training": training,
+    }
+    (folder / CONFIG_FILE).write_text(json.dumps(description, indent=2) + "\n")
+
+
+def is_draft_folder(path: str | Path) -> bool:
+    """True for a folder written by `save_draft` (or `asr distill`)."""
+    return (Path(path).expanduser() / CONFIG_FILE).is_file()
+
+
+def read_description(folder: str | Path) -> dict[str, Any]:
+    """The draft's `draft.json`.
+
+    Raises:
+        ValueError: the file is missing, unreadable or not a draft description.
+    """
+    path = Path(folder).expanduser() / CONFIG_FILE
+    try:
+        description = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: cannot read draft description ({error})") from None
+    if not isinstance(description, dict) or description.get("format") != FORMAT:
+        raise ValueError(f"{path}: not an assisted-whisper draft (format {FORMAT!r} expected)")
+    if description.get("version") != VERSION:
+        raise ValueError(f"{path}: draft format version {description.get('version')}, this release reads {VERSION}")
+    return description
+
+
+def load_draft(folder: str | Path, model: torch.nn.Module) -> DraftDecoder:
+    """Builds the draft in `folder` on top of `model` (shared embeddings and head, in the model's dtype).
+
+    Raises:
+        ValueError: not a draft folder, damaged weights, or a draft trained for another model.
+    """
+    folder = Path(folder).expanduser()
+    description = read_description(folder)
+    config = model.config
+    for key in ("d_model", "decoder_attention_heads", "decoder_ffn_dim", "vocab_size"):
+        if description.get(key) != getattr(config, key):
+            raise ValueError(f"draft {folder} was trained for model {description.get('model')!r} ({key} "
+                             f"{description.get(key)}), this model has {key} {getattr(config, key)}")
+    try:
+        tensors = load_file(str(folder / WEIGHTS_FILE))
+    except Exception as error:  # safetensors raises its own error types for damaged files
+        raise ValueError(f"{folder / WEIGHTS_FILE}: cannot read draft weights ({str(error).splitlines()[0]})") from None
+    for name, expected in model_probe(model).items():
+        found = tensors.pop(name, None)
+        # Loose enough for a model loaded in half precision, far too tight for another model's weights.
+        if found is None or found.shape != expected.shape or not torch.allclose(found, expected, rtol=2e-2, atol=2e-3):
+            raise ValueError(f"draft {folder} was trained for model {description.get('model')!r}: its encoder and "
+                             "embeddings are not this model's; train one with `asr distill`")
+    draft = DraftDecoder(model, description["teacher_layers"])
+    own = draft.trainable()
+    if set(tensors) != set(own):
+        raise ValueError(f"{folder / WEIGHTS_FILE}: weights do not match draft.json's layers")
+    param = next(model.parameters())
+    with torch.no_grad():
+        for name, p in own.items():
+            if tensors[name].shape != p.shape:
+                raise ValueError(f"{folder / WEIGHTS_FILE}: {name} has shape {tuple(tensors[name].shape)}, "
+                                 f"expected {tuple(p.shape)}")
+            p.copy_(tensors[name].to(device=param.device, dtype=p.dtype))
+    return draft.eval()

@@ -1,0 +1,139 @@
+"""Speech synthesised on this machine, to train drafts on: espeak-ng, flite and festival voices, varied.
+
+A draft learns to agree with its model, so the audio need not be natural, only varied: several engines and
+voices, speaking rate and pitch drawn per utterance, then noise, reverberation, telephone band and level
+drawn per recording. Every choice comes from a seeded generator, so a recipe and seed give the same audio.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from audio import SAMPLE_RATE
+
+logger = logging.getLogger(__name__)
+
+# espeak-ng's English voices and the voice variants that change its timbre (`en-us+f3`).
+ESPEAK_VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-029",
+                 "en-us-nyc")
+ESPEAK_VARIANTS = ("", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5", "klatt", "klatt2",
+                   "klatt4", "croak", "whisper", "Andy", "Annie", "Denis", "Gene", "Jacky", "Lee", "Mario",
+                   "Michael", "Mr serious", "Storm", "Tweaky", "adam", "alex", "john", "max", "paul", "robert",
+                   "steph", "victor")
+FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
+# festival's English voices by the Debian package that installs them.
+FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
+ENGINES = ("espeak-ng", "flite", "festival")
+
+
+class SynthesizerError(ValueError):
+    """No speech synthesiser is installed, or one failed."""
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One voice of one engine."""
+
+    engine: str  # espeak-ng, flite or festival
+    name: str  # the engine's voice name
+
+
+def available_voices() -> list[Voice]:
+    """The English voices of the synthesisers installed here.
+
+    Raises:
+        SynthesizerError: none of espeak-ng, flite or festival's text2wave is on the PATH.
+    """
+    voices: list[Voice] = []
+    if shutil.which("espeak-ng"):
+        voices += [Voice("espeak-ng", f"{v}+{variant}" if variant else v)
+                   for v in ESPEAK_VOICES for variant in ESPEAK_VARIANTS]
+    if shutil.which("flite"):
+        listed = subprocess.run(["flite", "-lv"], capture_output=True, text=True, timeout=30).stdout
+        voices += [Voice("flite", v) for v in FLITE_VOICES if v in listed.split()]
+    if shutil.which("text2wave"):
+        installed = {p.name for p in Path("/usr/share/festival/voices").glob("*/*") if p.is_dir()}
+        voices += [Voice("festival", v) for v in FESTIVAL_VOICES if v in installed]
+    if not voices:
+        raise SynthesizerError("--tts needs a speech synthesiser: install espeak-ng, flite or festival "
+                               "(Debian/Ubuntu: apt-get install espeak-ng flite festival festvox-kallpc16k)")
+    return voices
+
+
+def synthesize(voice: Voice, text: str, rng: np.random.Generator) -> np.ndarray:
+    """Speaks `text` with `voice` at a rate and pitch drawn from `rng`; 16 kHz mono float32.
+
+    Raises:
+        SynthesizerError: the engine failed or wrote no audio.
+    """
+    import soundfile as sf
+
+    rate = float(rng.uniform(0.8, 1.25))  # speaking speed relative to the voice's default
+    with tempfile.TemporaryDirectory() as tmp:
+        wav, txt = Path(tmp) / "out.wav", Path(tmp) / "in.txt"
+        txt.write_text(text + "\n")
+        if voice.engine == "espeak-ng":
+            command = ["espeak-ng", "-v", voice.name, "-s", str(int(165 * rate)), "-p", str(int(rng.integers(25, 75))),
+                       "-w", str(wav), "-f", str(txt)]
+        elif voice.engine == "flite":
+            command = ["flite", "-voice", voice.name, "--setf", f"duration_stretch={1 / rate:.3f}",
+                       "--setf", f"int_f0_target_mean={int(rng.integers(85, 200))}", "-f", str(txt), "-o", str(wav)]
+        elif voice.engine == "festival":
+            command = ["text2wave", "-eval", f"(voice_{voice.name})", "-eval",
+                       f"(Parameter.set 'Duration_Stretch {1 / rate:.3f})", str(txt), "-o", str(wav)]
+        else:
+            raise SynthesizerError(f"unknown speech synthesiser {voice.engine!r}; choose one of {', '.join(ENGINES)}")
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise SynthesizerError(f"{voice.engine} failed: {error}") from None
+        if done.returncode != 0 or not wav.is_file():
+            raise SynthesizerError(f"{voice.engine} {voice.name} failed: {(done.stderr or '').strip()[:200]}")
+        samples, rate_hz = sf.read(str(wav), dtype="float32", always_2d=True)
+    samples = samples.mean(axis=1)
+    if rate_hz != SAMPLE_RATE:
+        import librosa
+
+        samples = librosa.resample(samples, orig_sr=rate_hz, target_sr=SAMPLE_RATE, res_type="soxr_hq")
+    return np.ascontiguousarray(samples, dtype=np.float32)
+
+
+def degrade(samples: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A recording's conditions drawn from `rng`: reverberation, telephone band, noise and level."""
+    out = samples.astype(np.float32)
+    if rng.random() < 0.35:
+        # A room: exponentially decaying noise as impulse response, RT60 0.15-0.7 s, mixed with the dry signal.
+        rt60 = rng.uniform(0.15, 0.7)
+        n = int(rt60 * SAMPLE_RATE)
+        t = np.arange(n) / SAMPLE_RATE
+        response = rng.standard_normal(n) * np.exp(-6.9 * t / rt60)
+        response[0] = 0.0
+        response *= rng.uniform(0.1, 0.4) / np.sqrt(np.sum(response ** 2))
+        from scipy.signal import fftconvolve
+
+        out = out + fftconvolve(out, response)[: len(out)].astype(np.float32)
+    if rng.random() < 0.15:
+        # A telephone or 8 kHz recording: nothing above 4 kHz.
+        import librosa
+
+        out = librosa.resample(librosa.resample(out, orig_sr=SAMPLE_RATE, target_sr=8000, res_type="soxr_hq"),
+                               orig_sr=8000, target_sr=SAMPLE_RATE, res_type="soxr_hq")[: len(out)]
+    if rng.random() < 0.6:
+        # White or brown noise at 5-40 dB below the speech.
+        noise = rng.standard_normal(len(out)).astype(np.float32)
+        if rng.random() < 0.5:
+            noise = np.cumsum(noise)
+            noise -= np.convolve(noise, np.ones(401) / 401, mode="same")
+        speech_power = float(np.mean(out ** 2)) + 1e-12
+        snr_db = rng.uniform(5, 40)
+        noise *= np.sqrt(speech_power / (float(np.mean(noise ** 2)) + 1e-12) / 10 ** (snr_db / 10))
+        out = out + noise
+    peak = float(np.abs(out).max()) + 1e-9
+    return (out * (rng.uniform(0.05, 0.95) / peak)).astype(np.float32)
