@@ -149,12 +149,14 @@ def held_out(item_id: str, fraction: float) -> bool:
 
 def label_items(bundle: Any, items: Iterator[tuple[str, Callable[[], np.ndarray]]], work: Path, *,
                 options: TranscribeOptions, top_k: int, held_out_fraction: float, batch_size: int = 8,
-                progress: Callable[[float], None] | None = None) -> dict[str, int]:
+                group_size: int = 48, progress: Callable[[float], None] | None = None) -> dict[str, int]:
     """Decodes every item with the model (greedy, sequential algorithm) and caches each window it decoded.
 
     Args:
         items: (id, function returning 16 kHz samples) pairs; an item whose audio fails is skipped with a warning.
         work: the work folder; items listed in its `labelled.jsonl` are not decoded again.
+        group_size: items decoded per call, `batch_size` windows at a time (an item that finishes makes room
+            for the next), and recorded as done together.
         progress: called with the seconds of audio done after each group of items.
 
     Returns:
@@ -212,7 +214,7 @@ def label_items(bundle: Any, items: Iterator[tuple[str, Callable[[], np.ndarray]
             counts["failed"] += 1
             continue
         group.append((item_id, samples))
-        if len(group) == batch_size:
+        if len(group) == group_size:
             flush()
     flush()
     return counts
@@ -232,17 +234,25 @@ def labelled_items(path: Path) -> dict[str, dict]:
 
 
 @torch.inference_mode()
-def _save_window(bundle: Any, window: DecodedWindow, path: Path, top_k: int) -> None:
-    """Stores a window with the model's top-k logits at each generated position (and at end-of-text)."""
-    encoder_output = window.encoder_output[None]
+def window_from_decoded(bundle: Any, decoded: DecodedWindow, top_k: int) -> Window:
+    """A training window: what the model decoded, with its top-k logits at each generated position (the
+    position after the last token predicts end-of-text)."""
+    encoder_output = decoded.encoder_output[None]
     decoder = WhisperDecoderAdapter(bundle.model, encoder_output)
-    ids = torch.tensor([window.prompt + window.tokens], device=encoder_output.device)
-    logits = decoder.forward(ids, decoder.new_cache(1), len(window.tokens) + 1)[0]
+    ids = torch.tensor([decoded.prompt + decoded.tokens], device=encoder_output.device)
+    logits = decoder.forward(ids, decoder.new_cache(1), len(decoded.tokens) + 1)[0]
     values, indices = logits.topk(top_k, dim=-1)
+    return Window(decoded.encoder_output.float().cpu(), torch.tensor(decoded.prompt), torch.tensor(decoded.tokens),
+                  indices.cpu(), values.float().cpu())
+
+
+def _save_window(bundle: Any, decoded: DecodedWindow, path: Path, top_k: int) -> None:
+    """Caches a window (encoder output and logits in float16)."""
+    window = window_from_decoded(bundle, decoded, top_k)
     save_file({
-        "encoder_output": window.encoder_output.to("cpu", torch.float16).contiguous(),
-        "prompt": torch.tensor(window.prompt, dtype=torch.int32),
-        "tokens": torch.tensor(window.tokens, dtype=torch.int32),
-        "top_ids": indices.to("cpu", torch.int32).contiguous(),
-        "top_logits": values.to("cpu", torch.float16).contiguous(),
+        "encoder_output": window.encoder_output.to(torch.float16).contiguous(),
+        "prompt": window.prompt.to(torch.int32),
+        "tokens": window.tokens.to(torch.int32),
+        "top_ids": window.top_ids.to(torch.int32).contiguous(),
+        "top_logits": window.top_logits.to(torch.float16).contiguous(),
     }, str(path))
