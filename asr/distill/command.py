@@ -22,6 +22,8 @@ from asr.runtime import DEVICES
 @click.option("--language", default=None, help="Language of the --audio recordings (default: detect).")
 @click.option("--layers", default=None, help="MODEL's decoder layers the draft starts from, e.g. 0,5 "
               "(default: the first and the last).")
+@click.option("--vocabulary", default=None, type=int,
+              help="Text tokens the draft may propose (default: all); fewer make each draft step cheaper.")
 @click.option("--steps", default=3000, show_default=True, type=int, help="Training steps.")
 @click.option("--max-minutes", default=None, type=float, help="Stop training after this many minutes.")
 @click.option("--windows-per-step", default=4, show_default=True, type=int, help="30 s windows per training step.")
@@ -35,9 +37,9 @@ from asr.runtime import DEVICES
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="Torch CPU threads.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-def distill_command(model, output, audio_source, tts, text, tts_minutes, language, layers, steps, max_minutes,
-                    windows_per_step, learning_rate, held_out, top_k, seed, work_dir, device, threads,
-                    quiet) -> None:
+def distill_command(model, output, audio_source, tts, text, tts_minutes, language, layers, vocabulary, steps,
+                    max_minutes, windows_per_step, learning_rate, held_out, top_k, seed, work_dir, device,
+                    threads, quiet) -> None:
     """Train a small draft that agrees with MODEL, to assist it (`--assistant OUTPUT`)."""
     from asr.distill.pipeline import DistillOptions, TrainOptions, distill
     from asr.runtime import setup_runtime
@@ -46,14 +48,15 @@ def distill_command(model, output, audio_source, tts, text, tts_minutes, languag
     try:
         options = DistillOptions(
             audio=audio_source, tts=tts, text=text, tts_minutes=tts_minutes, language=language,
-            layers=_layers(layers), top_k=top_k, held_out=held_out, seed=seed,
+            layers=_layers(layers), vocabulary=vocabulary, top_k=top_k, held_out=held_out, seed=seed,
             train=TrainOptions(steps=steps, max_minutes=max_minutes, windows_per_step=windows_per_step,
                                learning_rate=learning_rate, seed=seed),
         )
         report = distill(model, output, options, work_dir=work_dir, device=device, show_progress=not quiet)
     except ValueError as error:
         raise click.ClickException(str(error).splitlines()[0]) from None
-    summary = {key: report[key] for key in ("agreement_before", "agreement", "steps", "minutes",
+    summary = {key: report[key] for key in ("agreement_before", "agreement", "agreement_full_vocabulary",
+                                            "vocabulary", "steps", "minutes",
                                             "train_windows", "held_out_windows") if key in report}
     click.echo(json.dumps({"draft": output, **summary}))
 

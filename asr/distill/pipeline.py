@@ -43,6 +43,8 @@ class DistillOptions:
     language: str | None = None
     # The model's decoder layers the draft starts from (None: the first and the last, as distil-whisper).
     layers: tuple[int, ...] | None = None
+    # Text tokens the draft may propose (None: all): a smaller output head makes each draft step cheaper.
+    vocabulary: int | None = None
     # The model's top-k logits kept per position, and the share of recordings held out to measure agreement.
     top_k: int = 64
     held_out: float = 0.1
@@ -64,6 +66,8 @@ class DistillOptions:
             raise ValueError(f"--top-k must be >= 1, got {self.top_k}")
         if self.label_batch_size < 1:
             raise ValueError(f"label batch size must be >= 1, got {self.label_batch_size}")
+        if self.vocabulary is not None and self.vocabulary < 1:
+            raise ValueError(f"--vocabulary must be >= 1 tokens, got {self.vocabulary}")
         if self.layers is not None and (not self.layers or len(set(self.layers)) != len(self.layers)):
             raise ValueError(f"--layers must name distinct decoder layers, got {self.layers}")
 
@@ -109,7 +113,7 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
         raise ValueError(f"no usable audio in {options.audio or 'the synthesised speech'}: the model decoded no "
                          "speech in it")
 
-    # 3. Train.
+    # 3. Train the draft's own layers.
     from asr.distill.data import load_window
     from asr.distill.train import train_draft
 
@@ -130,7 +134,19 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
         if bar is not None:
             bar.close()
 
-    # 4. The draft folder, written aside and renamed into place.
+    # 4. A restricted vocabulary, chosen from the training labels; agreement measured again with it.
+    if options.vocabulary is not None:
+        from asr.distill.student import choose_vocabulary
+        from asr.distill.train import agreement
+
+        ids = choose_vocabulary(_label_counts(train), options.vocabulary, special.eot, bundle.model.config.vocab_size)
+        draft.restrict_vocabulary(ids.to(next(draft.parameters()).device))
+        history["agreement_full_vocabulary"] = history["agreement"]
+        history["agreement"] = agreement(draft, held_windows, eot=special.eot, suppress=special.suppress_tokens,
+                                         device=device).rate
+        history["vocabulary"] = len(ids)
+
+    # 5. The draft folder, written aside and renamed into place.
     report = {"model": model, "model_source": bundle.source, "layers": list(layers), "data": counts,
               "train_windows": len(train), "held_out_windows": len(held), **history,
               "recipe": _recipe(model, options)}
@@ -140,6 +156,19 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
     partial.rename(output)
     logger.info("draft written to %s: held-out agreement %.1f%%", output, 100 * history["agreement"])
     return report
+
+
+def _label_counts(paths: list[Path]) -> dict[int, int]:
+    """How often the model emitted each token in the given cached windows."""
+    from collections import Counter
+
+    from safetensors import safe_open
+
+    counts: Counter[int] = Counter()
+    for path in paths:
+        with safe_open(str(path), "pt") as handle:
+            counts.update(handle.get_tensor("tokens").tolist())
+    return dict(counts)
 
 
 def _recipe(model: str, options: DistillOptions) -> dict[str, Any]:
