@@ -307,26 +307,15 @@ def auto_assistant(device_type: str, source: str) -> str:
 
     A distil-whisper student that shares the model's encoder where one exists: on a GPU, where a large
     model's 32-layer step costs ~14x a 2-layer student's (H200, fp16); on a CPU only where our measurements
-    show the student's step to be a small fraction of the model's (`CPU_STUDENTS`). On a CPU, a draft shipped
-    with the package for the model (`base-draft` for `base`), in int8: two layers and an int8 head restricted
-    to common tokens cost a fraction of a model step (README, "Distilled drafts"). Otherwise none: a same-size
-    copy does not pay for a model as small as `base` on either kind of device.
+    show the student's step to be a small fraction of the model's (`CPU_STUDENTS`). Otherwise none: for a
+    model as small as `base` no assistant available here pays on either (a CPU step is bound by memory traffic
+    that a same-size copy cannot shed; the distilled `base-draft` agrees too rarely to make up for its own
+    steps; a GPU step is bound by kernel launches: README, "What `auto` picks").
     """
     student = DISTIL_FOR.get(source.removeprefix("hub:"), "none")
     if device_type == "cpu" and student not in CPU_STUDENTS:
-        draft = shipped_draft_for(source)
-        return f"{draft}:int8" if draft is not None else "none"
+        return "none"
     return student
-
-
-def shipped_draft_for(source: str) -> str | None:
-    """The name of the draft shipped for the model loaded from `source`, if there is one."""
-    from asr.distill.student import read_description
-
-    for name, folder in shipped_drafts().items():
-        if read_description(folder).get("training", {}).get("model_source") == source:
-            return name
-    return None
 
 
 def _same_encoder(a: torch.nn.Module, b: torch.nn.Module) -> bool:
