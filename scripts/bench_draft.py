@@ -130,7 +130,7 @@ def main() -> None:
 
     # 2. Real assisted decoding: acceptance and exactness against plain greedy.
     plain = [transcribe(bundle, samples, options) for _, _, samples in recordings]
-    specs = [spec for name in args.drafts.split(",") for spec in (name, f"{name}:int8")] + ["self:int8"]
+    specs = [spec for name in args.drafts.split(",") for spec in (name, f"{name}:int8")]
     for spec in specs:
         assistant = make_assistant(spec, bundle)
         drafted = accepted = rounds = passes = generated = 0
