@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from asr.decoder import WhisperDecoderAdapter, encode, fuse_qkv
+from asr.decoder import WhisperDecoderAdapter, encode, fuse_layer_qkv
 from asr.logit_rules import whisper_filters
 from decoding import AssistantDraft, DraftSource, LogitsFilter
 from decoding.universal import CrossTokenizerDraft
@@ -124,28 +124,54 @@ class FullAssistant:
 def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch.nn.Module, torch.dtype | None]:
     """A copy of the model's decoder and output head in lower precision; the model itself is left as it is.
 
+    The copy looks tokens up in the model's own embedding table (rounding the rows it reads, which gives the
+    values a rounded table would) rather than holding a second table (53 MB for base in bf16). Layers are
+    copied one at a time, so an offloaded model (asr.offload) has one layer present at a time.
+
     Returns:
         (a module with `get_decoder()` and `get_output_embeddings()`, the dtype its inputs need, or None).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} for self; choose one of {', '.join(PRECISIONS)}")
-    # The copy only ever runs through WhisperDecoderAdapter, so its q, k, v projections can be one matmul.
-    decoder_only = _DecoderCopy(fuse_qkv(copy.deepcopy(model.get_decoder())),
-                                copy.deepcopy(model.get_output_embeddings()), model.config)
     device = next(model.parameters()).device
-    if precision == "int8":
-        if device.type != "cpu":
-            raise ValueError("int8 drafting uses PyTorch's int8 CPU kernels; on a GPU use :bf16 or :fp16")
-        from asr.int8 import quantize_linears
+    if precision == "int8" and device.type != "cpu":
+        raise ValueError("int8 drafting uses PyTorch's int8 CPU kernels; on a GPU use :bf16 or :fp16")
+    from accelerate.hooks import remove_hook_from_module
 
-        # Quantised from the fp32 weights (the head is a copy, untied from the embeddings); the rest in bf16.
-        return quantize_linears(decoder_only.float()).to(torch.bfloat16), torch.bfloat16
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    return decoder_only.to(dtype), dtype
+    from asr.int8 import Int8Linear, quantize_linears
+    from asr.offload import materialized
+
+    dtype = {"int8": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    source = model.get_decoder()
+    embedding = getattr(model, "shared_embedding", None)
+    if embedding is None:
+        embedding = source.embed_tokens.weight
+    decoder = copy.deepcopy(source, memo={id(source.layers): torch.nn.ModuleList(), id(source.embed_tokens): None})
+    decoder.to(dtype)
+    for layer in source.layers:
+        with materialized(layer):
+            layer_copy = remove_hook_from_module(copy.deepcopy(layer))
+        # The copy only ever runs through WhisperDecoderAdapter, so its q, k, v projections can be one matmul.
+        fuse_layer_qkv(layer_copy)
+        if precision == "int8":  # quantised from the fp32 weights; norms and biases in bf16
+            quantize_linears(layer_copy.float())
+        decoder.layers.append(layer_copy.to(dtype))
+    head = model.get_output_embeddings()
+    if precision == "int8":
+        head_copy = Int8Linear(head)
+    else:
+        head_copy = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None, device="meta")
+        head_copy.weight = torch.nn.Parameter(head.weight.detach().to(dtype), requires_grad=False)
+        if head.bias is not None:
+            head_copy.bias = torch.nn.Parameter(head.bias.detach().to(dtype), requires_grad=False)
+    copied = _DecoderCopy(decoder, head_copy, model.config)
+    copied.shared_embedding = embedding.detach()
+    return copied, dtype
 
 
 class _DecoderCopy(torch.nn.Module):
-    """A Whisper decoder and its output head, without the encoder."""
+    """A Whisper decoder and its output head, without the encoder (and, for copies, without the token table:
+    `shared_embedding` is then the model's, which `WhisperDecoderAdapter` reads)."""
 
     def __init__(self, decoder: torch.nn.Module, head: torch.nn.Module, config: Any) -> None:
         super().__init__()
