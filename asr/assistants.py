@@ -21,6 +21,7 @@ import torch
 
 from asr.decoder import WhisperDecoderAdapter, encode, fuse_layer_qkv
 from asr.logit_rules import whisper_filters
+from asr.offload import offload_store
 from decoding import AssistantDraft, DraftSource, LogitsFilter
 from decoding.universal import CrossTokenizerDraft
 
@@ -47,6 +48,9 @@ class WindowContext:
 class SharedEncoderAssistant:
     """A decoder that reads the model's encoder output: pairings 1 (distil-style, or the model itself) and 4."""
 
+    # (schedule, k) this assistant drafts with unless the options say otherwise; None: the options' default.
+    schedule: tuple[str, int] | None = None
+
     def __init__(self, name: str, decoder_model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
         self.name = name
         self.decoder_model = decoder_model
@@ -68,6 +72,8 @@ class SharedEncoderAssistant:
 
 class FullAssistant:
     """A whole Whisper model as assistant; with another tokenizer its drafts go through text (pairings 2, 3)."""
+
+    schedule: tuple[str, int] | None = None  # as SharedEncoderAssistant's
 
     def __init__(self, name: str, bundle: Any, model_bundle: Any) -> None:
         self.name = name
@@ -226,6 +232,8 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     from asr.registry import load_model
 
     spec = spec.strip()
+    if spec == "auto" and offload_store(model_bundle.model) is not None:
+        return _auto_for_offloaded(model_bundle, device=device, dtype=dtype)
     if spec == "auto":
         device_type = next(model_bundle.model.parameters()).device.type
         chosen = auto_assistant(device_type, model_bundle.source)
@@ -342,6 +350,48 @@ def auto_assistant(device_type: str, source: str) -> str:
     if device_type == "cpu" and student not in CPU_STUDENTS:
         return "none"
     return student
+
+
+# Drafting for an offloaded model. A pass reads every offloaded layer whether it checks 1 token or 16, so it
+# costs about the same for both (`scripts/bench_offload.py`), while a resident draft step stays cheap: many
+# tokens per pass pay, and a constant k wastes no round growing from 5 as the heuristic does.
+OFFLOAD_SCHEDULE = ("constant", 10)
+
+
+def offload_assistants(source: str, device_type: str) -> list[str]:
+    """Resident assistants worth trying for a model whose decoder layers are offloaded, best first.
+
+    A distil-whisper student that shares the model's encoder where one exists; then, on a CPU, the int8 copy
+    of the model's own decoder (weight-only int8, ~93 % agreement with base's greedy tokens; a quarter of the
+    layers' fp32 bytes, resident). A trained draft for the model, once one exists, belongs first in this list.
+    On a GPU a same-size fp16 copy would need the memory the offload frees, so there is no fallback there.
+    """
+    candidates = []
+    student = DISTIL_FOR.get(source.removeprefix("hub:"))
+    if student is not None:
+        candidates.append(student)
+    if device_type == "cpu":
+        candidates.append("self:int8")
+    return candidates
+
+
+def _auto_for_offloaded(model_bundle: Any, *, device: str, dtype: torch.dtype) -> SharedEncoderAssistant | None:
+    """`--assistant auto` for an offloaded model: the first resident assistant of `offload_assistants` that
+    loads and shares the model's encoder, drafting OFFLOAD_SCHEDULE; None when there is none."""
+    device_type = next(model_bundle.model.parameters()).device.type
+    for name in offload_assistants(model_bundle.source, device_type):
+        try:
+            assistant = make_assistant(name, model_bundle, device=device, dtype=dtype)
+        except ValueError as error:
+            logger.warning("--assistant auto (offloaded model): %s; trying the next assistant", error)
+            continue
+        if isinstance(assistant, SharedEncoderAssistant):
+            assistant.schedule = OFFLOAD_SCHEDULE
+            logger.info("--assistant auto chose %s for the offloaded model, drafting %s k=%d", name, *OFFLOAD_SCHEDULE)
+            return assistant
+        logger.warning("--assistant auto (offloaded model): %s does not share the model's encoder", name)
+    logger.warning("--assistant auto: no resident assistant for the offloaded model; decoding without one")
+    return None
 
 
 def _same_encoder(a: torch.nn.Module, b: torch.nn.Module) -> bool:
