@@ -69,6 +69,29 @@ def test_offloaded_logits_are_the_in_memory_logits_bit_for_bit(tiny_folder: Path
         assert torch.equal(got, expected)
 
 
+def test_the_cpu_memory_store_a_gpu_uses_gives_the_same_logits(tiny_folder: Path, in_memory) -> None:
+    # `--offload cpu` runs on a GPU only; its store (layers kept in memory, copied per pass) runs here on the CPU.
+    from transformers import WhisperConfig
+
+    from asr.offload import load_offloaded
+
+    model = load_offloaded(tiny_folder, WhisperConfig.from_pretrained(tiny_folder), OffloadOptions("cpu"), "cpu",
+                           torch.float32)
+    assert offload_store(model).folder is None
+    encoder_output = torch.randn(1, 1500, 64)
+    for got, expected in zip(_logits(model, encoder_output), _logits(in_memory.model, encoder_output)):
+        assert torch.equal(got, expected)
+
+
+def test_max_memory_alone_offloads_to_the_next_tier() -> None:
+    from asr.offload import resolve_offload
+
+    assert resolve_offload(OffloadOptions(max_memory=10**9), "cpu").device == "disk"
+    assert resolve_offload(OffloadOptions(), "cpu") is None
+    with pytest.raises(ValueError, match="not supported with --device mps"):
+        resolve_offload(OffloadOptions("disk"), "mps")
+
+
 def test_module_forward_works_through_accelerate_hooks(tiny_folder: Path, in_memory) -> None:
     offloaded = load_model(str(tiny_folder), offload=OffloadOptions("disk"))
     ids, states = torch.tensor([[50258, 50259, 50359, 400]]), torch.randn(1, 1500, 64)
