@@ -48,6 +48,7 @@ def evaluate(
     import torch
     import transformers
 
+    from asr.offload import resolve_offload
     from asr.registry import load_model
     from eval.backends import make_backends
 
@@ -57,6 +58,7 @@ def evaluate(
         raise ValueError(f"limit must be >= 1, got {limit}")
     items = _open_sources(sources, audio_column, text_column)
     dtype = dtype or torch.float32
+    offload = resolve_offload(offload, device)
     bundle = load_model(model, device=device, dtype=dtype, offload=offload)
     backends, skipped = make_backends(configs, model, bundle, device=device, dtype=dtype,
                                       threads=torch.get_num_threads())

@@ -117,14 +117,18 @@ def child(config: str, threads: int) -> None:
     }))
 
 
-def end_to_end(configs: list[str], repeats: int, threads: int) -> list[dict]:
+def end_to_end(configs: list[str], repeats: int, threads: int, log: Path) -> list[dict]:
+    """Every configuration in a fresh process, interleaved; each run is also appended to `log` as it ends."""
     runs = []
+    log.write_text("")
     for repeat in range(repeats):
         for config in configs:
             out = subprocess.run([sys.executable, __file__, "--child", config, "--threads", str(threads)],
                                  capture_output=True, text=True, check=True, cwd=REPO)
             run = json.loads(out.stdout.strip().splitlines()[-1])
             run["repeat"] = repeat
+            with log.open("a") as handle:
+                handle.write(json.dumps(run) + "\n")
             print(f"{repeat} {config:28s} {run['seconds']:7.2f} s  peak {run['peak_mb']:.0f} MB", flush=True)
             runs.append(run)
     return runs
@@ -205,7 +209,7 @@ def main() -> None:
     passes = pass_costs(args.readers.split(","), args.pass_repeats)
     for name, by_width in passes.items():
         print(f"{name:28s} " + "  ".join(f"{w}:{ms:.1f}" for w, ms in by_width.items()), flush=True)
-    runs = end_to_end(configs, args.repeats, args.threads)
+    runs = end_to_end(configs, args.repeats, args.threads, Path(args.out).with_suffix(".runs.jsonl"))
     result = {
         "command": "python scripts/bench_offload.py " + " ".join(sys.argv[1:]), "cpu": _cpu(),
         "threads": args.threads, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

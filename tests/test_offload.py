@@ -204,3 +204,45 @@ def test_bad_offload_options_fail_in_one_line(tiny_folder: Path, noise_file: Pat
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
     assert message in lines[-1] and "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module")
+def terse_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny Whisper whose decoder always ranks end-of-text first: a window ends after a timestamp or
+    two, however many temperatures the commands' fallback would try (the plumbing tests need no long text)."""
+    model = tiny_whisper(seed=5)
+    decoder = model.get_decoder()
+    with torch.no_grad():
+        decoder.layer_norm.weight.zero_()
+        decoder.layer_norm.bias.copy_(1000 * decoder.embed_tokens.weight[50257])
+    folder = tmp_path_factory.mktemp("terse-whisper")
+    model.save_pretrained(folder)
+    save_processor(folder)
+    return folder
+
+
+def test_batch_and_eval_commands_take_the_offload_options(terse_folder: Path, noise_file: Path,
+                                                          tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    folder = tmp_path / "audio"
+    folder.mkdir()
+    shutil.copy(noise_file, folder / "noise.wav")
+    common = ["--model", str(terse_folder), "--language", "en", "--threads", "1", "-q"]
+    runner = CliRunner()
+    rows = {}
+    for name, extra in (("plain", []), ("offloaded", ["--offload", "disk", "--assistant", "auto"])):
+        result = runner.invoke(main, ["batch", str(folder), "-o", str(tmp_path / f"{name}.jsonl"), *common, *extra])
+        assert result.exit_code == 0, result.output
+        rows[name] = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows["offloaded"]] == [r["text"] for r in rows["plain"]]
+    assert [r["error"] for r in rows["offloaded"]] == [None]
+    report = tmp_path / "report"
+    result = runner.invoke(main, ["eval", str(folder), "--report", str(report), "--compare", "greedy",
+                                  "--compare", "assisted:auto", "--max-memory", "100GB", *common])
+    assert result.exit_code == 0, result.output
+    run = json.loads((report / "report.json").read_text())["run"]
+    assert run["offload"] == {"device": "disk", "max_memory": 100 * 10**9}
+    result = runner.invoke(main, ["eval", str(folder), "--report", str(report), "--max-memory", "1MB", *common])
+    assert result.exit_code != 0 and "cannot hold the model's resident parts" in result.output
