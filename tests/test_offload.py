@@ -142,6 +142,8 @@ def test_max_memory_keeps_the_first_layers_that_fit(tmp_path: Path, noise: np.nd
 
 
 def test_auto_drafts_many_tokens_with_a_resident_copy_for_an_offloaded_model(tiny_folder: Path, in_memory) -> None:
+    import asr.assistants
+
     offloaded = load_model(str(tiny_folder), offload=OffloadOptions("disk"))
     assistant = make_assistant("auto", offloaded)
     assert isinstance(assistant, SharedEncoderAssistant) and assistant.name == "self:int8"
@@ -149,6 +151,7 @@ def test_auto_drafts_many_tokens_with_a_resident_copy_for_an_offloaded_model(tin
     assert TranscribeOptions().drafting(assistant.schedule) == OFFLOAD_SCHEDULE
     assert TranscribeOptions(num_assistant_tokens=3).drafting(assistant.schedule) == ("constant", 3)
     assert make_assistant("auto", in_memory) is None  # in memory, nothing pays for a small model on a CPU
+    assert asr.assistants.offload_assistants(offloaded.source, "cuda") == []
 
 
 def test_layer_files_go_with_the_model(tiny_folder: Path, tmp_path: Path) -> None:
@@ -246,3 +249,20 @@ def test_batch_and_eval_commands_take_the_offload_options(terse_folder: Path, no
     assert run["offload"] == {"device": "disk", "max_memory": 100 * 10**9}
     result = runner.invoke(main, ["eval", str(folder), "--report", str(report), "--max-memory", "1MB", *common])
     assert result.exit_code != 0 and "cannot hold the model's resident parts" in result.output
+
+
+def test_a_trained_draft_drafts_for_the_offloaded_model(tiny_folder: Path, in_memory, noise: np.ndarray,
+                                                        tmp_path: Path) -> None:
+    from asr.distill.student import DraftDecoder, save_draft
+
+    draft = DraftDecoder(in_memory.model, [1])
+    draft.restrict_vocabulary(torch.arange(0, 50000, 7))
+    save_draft(draft, in_memory.model, tmp_path / "tiny-draft", model_name=in_memory.name, training={})
+    offloaded = load_model(str(tiny_folder), offload=OffloadOptions("disk"))
+    options = TranscribeOptions(language="en", temperatures=(0.0,), max_new_tokens=40)
+    for spec in ("{}", "{}:int8"):
+        name = spec.format(tmp_path / "tiny-draft")
+        expected = transcribe(in_memory, noise, options, make_assistant(name, in_memory))
+        got = transcribe(offloaded, noise, options, make_assistant(name, offloaded))
+        assert got.text == expected.text
+        assert got.stats.generation.accepted_tokens == expected.stats.generation.accepted_tokens
