@@ -11,7 +11,6 @@ comparison, accelerate's own `OffloadedWeightsLoader` over the same files (`acce
 from __future__ import annotations
 
 import json
-import logging
 import os
 import struct
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,7 +19,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-logger = logging.getLogger(__name__)
 
 #: How an offloaded layer is read back (see the module docstring).
 READERS = ("read", "mmap", "accelerate")
