@@ -8,24 +8,28 @@ from typing import Any
 import torch
 
 from asr.assistants import make_assistant
+from asr.offload import OffloadOptions
 from asr.options import TranscribeOptions
 from asr.registry import load_model
 from asr.results import Transcript
 from asr.transcribe import transcribe
 
-__all__ = ["TranscribeOptions", "load_pair", "transcribe_file"]
+__all__ = ["OffloadOptions", "TranscribeOptions", "load_pair", "transcribe_file"]
 
 # Files longer than this get a progress bar (one 30 s window is over quickly).
 PROGRESS_MIN_SECONDS = 60.0
 
 
-def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """Loads the model and resolves `assistant` for it (see `asr.assistants.make_assistant`).
+def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+              offload: OffloadOptions | None = None) -> tuple[Any, Any]:
+    """Loads the model (offloading its decoder layers if asked: `asr.offload`) and resolves `assistant` for it
+    (see `asr.assistants.make_assistant`).
 
     Raises:
-        ValueError: an unknown model or assistant, or a pair that cannot work together.
+        ValueError: an unknown model or assistant, a pair that cannot work together, or offload options that
+            cannot be honoured.
     """
-    bundle = load_model(model, device=device, dtype=dtype)
+    bundle = load_model(model, device=device, dtype=dtype, offload=offload)
     return bundle, make_assistant(assistant, bundle, device=device, dtype=dtype)
 
 

@@ -19,8 +19,9 @@ from typing import Any, Callable
 
 import torch
 
-from asr.decoder import WhisperDecoderAdapter, encode, fuse_qkv
+from asr.decoder import WhisperDecoderAdapter, encode, fuse_layer_qkv
 from asr.logit_rules import whisper_filters
+from asr.offload import offload_store
 from decoding import AssistantDraft, DraftSource, LogitsFilter
 from decoding.universal import CrossTokenizerDraft
 
@@ -47,6 +48,9 @@ class WindowContext:
 class SharedEncoderAssistant:
     """A decoder that reads the model's encoder output: pairings 1 (distil-style, or the model itself) and 4."""
 
+    # (schedule, k) this assistant drafts with unless the options say otherwise; None: the options' default.
+    schedule: tuple[str, int] | None = None
+
     def __init__(self, name: str, decoder_model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
         self.name = name
         self.decoder_model = decoder_model
@@ -68,6 +72,8 @@ class SharedEncoderAssistant:
 
 class FullAssistant:
     """A whole Whisper model as assistant; with another tokenizer its drafts go through text (pairings 2, 3)."""
+
+    schedule: tuple[str, int] | None = None  # as SharedEncoderAssistant's
 
     def __init__(self, name: str, bundle: Any, model_bundle: Any) -> None:
         self.name = name
@@ -124,28 +130,57 @@ class FullAssistant:
 def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch.nn.Module, torch.dtype | None]:
     """A copy of the model's decoder and output head in lower precision; the model itself is left as it is.
 
+    The copy looks tokens up in the model's own embedding table (rounding the rows it reads, which gives the
+    values a rounded table would) rather than holding a second table (53 MB for base in bf16). Layers are
+    copied one at a time, so an offloaded model (asr.offload) has one layer present at a time.
+
     Returns:
         (a module with `get_decoder()` and `get_output_embeddings()`, the dtype its inputs need, or None).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} for self; choose one of {', '.join(PRECISIONS)}")
-    # The copy only ever runs through WhisperDecoderAdapter, so its q, k, v projections can be one matmul.
-    decoder_only = _DecoderCopy(fuse_qkv(copy.deepcopy(model.get_decoder())),
-                                copy.deepcopy(model.get_output_embeddings()), model.config)
     device = next(model.parameters()).device
-    if precision == "int8":
-        if device.type != "cpu":
-            raise ValueError("int8 drafting uses PyTorch's int8 CPU kernels; on a GPU use :bf16 or :fp16")
-        from asr.int8 import quantize_linears
+    if precision == "int8" and device.type != "cpu":
+        raise ValueError("int8 drafting uses PyTorch's int8 CPU kernels; on a GPU use :bf16 or :fp16")
+    from accelerate.hooks import remove_hook_from_module
 
-        # Quantised from the fp32 weights (the head is a copy, untied from the embeddings); the rest in bf16.
-        return quantize_linears(decoder_only.float()).to(torch.bfloat16), torch.bfloat16
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    return decoder_only.to(dtype), dtype
+    from asr.int8 import Int8Linear, quantize_linears
+    from asr.offload import materialized
+
+    dtype = {"int8": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    source = model.get_decoder()
+    embedding = getattr(model, "shared_embedding", None)
+    if embedding is None:
+        embedding = source.embed_tokens.weight
+    decoder = copy.deepcopy(source, memo={id(source.layers): torch.nn.ModuleList(), id(source.embed_tokens): None})
+    decoder.to(dtype)
+    for layer in source.layers:
+        with materialized(layer):
+            layer_copy = remove_hook_from_module(copy.deepcopy(layer))
+        # The copy only ever runs through WhisperDecoderAdapter, so its q, k, v projections can be one matmul.
+        fuse_layer_qkv(layer_copy)
+        if precision == "int8":  # quantised from the fp32 weights; norms and biases in bf16
+            quantize_linears(layer_copy.float())
+        decoder.layers.append(layer_copy.to(dtype))
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:  # a draft's own head (a vocabulary subset): copied whole, as it is small
+        head_copy = copy.deepcopy(head)
+        head_copy = quantize_linears(head_copy.float()).to(dtype) if precision == "int8" else head_copy.to(dtype)
+    elif precision == "int8":
+        head_copy = Int8Linear(head)
+    else:
+        head_copy = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None, device="meta")
+        head_copy.weight = torch.nn.Parameter(head.weight.detach().to(dtype), requires_grad=False)
+        if head.bias is not None:
+            head_copy.bias = torch.nn.Parameter(head.bias.detach().to(dtype), requires_grad=False)
+    copied = _DecoderCopy(decoder, head_copy, model.config)
+    copied.shared_embedding = embedding.detach()
+    return copied, dtype
 
 
 class _DecoderCopy(torch.nn.Module):
-    """A Whisper decoder and its output head, without the encoder."""
+    """A Whisper decoder and its output head, without the encoder (and, for copies, without the token table:
+    `shared_embedding` is then the model's, which `WhisperDecoderAdapter` reads)."""
 
     def __init__(self, decoder: torch.nn.Module, head: torch.nn.Module, config: Any) -> None:
         super().__init__()
@@ -200,6 +235,8 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     from asr.registry import load_model
 
     spec = spec.strip()
+    if spec == "auto" and offload_store(model_bundle.model) is not None:
+        return _auto_for_offloaded(model_bundle, device=device, dtype=dtype)
     if spec == "auto":
         device_type = next(model_bundle.model.parameters()).device.type
         chosen = auto_assistant(device_type, model_bundle.source)
@@ -316,6 +353,49 @@ def auto_assistant(device_type: str, source: str) -> str:
     if device_type == "cpu" and student not in CPU_STUDENTS:
         return "none"
     return student
+
+
+# Drafting for an offloaded model. A pass reads every offloaded layer whether it checks 1 token or 16, so it
+# costs about the same for both (`scripts/bench_offload.py`), while a resident draft step stays cheap: many
+# tokens per pass pay, and a constant k wastes no round growing from 5 as the heuristic does.
+OFFLOAD_SCHEDULE = ("constant", 10)
+
+
+def offload_assistants(source: str, device_type: str) -> list[str]:
+    """Resident assistants worth trying for a model whose decoder layers are offloaded, best first.
+
+    A distil-whisper student that shares the model's encoder where one exists; then, on a CPU, the int8 copy of
+    the model's own decoder (weight-only int8, ~91-93 % agreement with base's greedy tokens, 52 MB for base).
+    A draft trained for the model (`asr distill`; `base-draft`) drafts for an offloaded model by name too;
+    it belongs before the int8 copy here once measured offloaded (its steps are cheaper, its agreement lower).
+    On a GPU a same-size fp16 copy would need the memory the offload frees, so there is no such fallback there.
+    """
+    candidates = []
+    student = DISTIL_FOR.get(source.removeprefix("hub:"))
+    if student is not None:
+        candidates.append(student)
+    if device_type == "cpu":
+        candidates.append("self:int8")
+    return candidates
+
+
+def _auto_for_offloaded(model_bundle: Any, *, device: str, dtype: torch.dtype) -> SharedEncoderAssistant | None:
+    """`--assistant auto` for an offloaded model: the first resident assistant of `offload_assistants` that
+    loads and shares the model's encoder, drafting OFFLOAD_SCHEDULE; None when there is none."""
+    device_type = next(model_bundle.model.parameters()).device.type
+    for name in offload_assistants(model_bundle.source, device_type):
+        try:
+            assistant = make_assistant(name, model_bundle, device=device, dtype=dtype)
+        except ValueError as error:
+            logger.warning("--assistant auto (offloaded model): %s; trying the next assistant", error)
+            continue
+        if isinstance(assistant, SharedEncoderAssistant):
+            assistant.schedule = OFFLOAD_SCHEDULE
+            logger.info("--assistant auto chose %s for the offloaded model, drafting %s k=%d", name, *OFFLOAD_SCHEDULE)
+            return assistant
+        logger.warning("--assistant auto (offloaded model): %s does not share the model's encoder", name)
+    logger.warning("--assistant auto: no resident assistant for the offloaded model; decoding without one")
+    return None
 
 
 def _same_encoder(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from asr.runtime import DEVICES, DTYPES, setup_runtime
+from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload, setup_runtime
 
 
 @click.command("batch", context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,12 +36,13 @@ from asr.runtime import DEVICES, DTYPES, setup_runtime
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
               help="Model precision (auto: float32 on CPU, float16 on GPU).")
+@offload_options
 @click.option("--threads", type=int, default=None,
               help="Torch CPU threads per process (default: the cores shared among the processes on this machine).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def batch_command(source, output, model, assistant, language, task, without_timestamps, word_timestamps, segments,
-                  batch_size, workers, resume, overwrite, audio_column, text_column, split, device, dtype, threads,
-                  quiet) -> None:
+                  batch_size, workers, resume, overwrite, audio_column, text_column, split, device, dtype, offload,
+                  offload_folder, max_memory, threads, quiet) -> None:
     """Transcribe every item of SOURCE (a folder, a JSONL/CSV manifest, or a dataset) into one JSON row each.
 
     A failed item gets a row with `error` and the run goes on. Under
@@ -55,6 +56,7 @@ def batch_command(source, output, model, assistant, language, task, without_time
     from asr.shards import detect_processes, finish, start_together
 
     output_path = Path(output)
+    offloading = parse_offload(offload, offload_folder, max_memory)
     try:
         processes = detect_processes()
         batch = BatchOptions(audio_column=audio_column, text_column=text_column, split=split, batch_size=batch_size,
@@ -67,7 +69,7 @@ def batch_command(source, output, model, assistant, language, task, without_time
     device, torch_dtype = _setup(device, dtype, threads, processes)
     start_together(processes, cpu=device == "cpu")
     try:
-        bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype)
+        bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
         summary = run_batch(source, output_path, bundle, helper, options, batch, processes)
     except ValueError as error:
         raise click.ClickException(str(error)) from None

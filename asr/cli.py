@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from asr.runtime import DEVICES, DTYPES, setup_runtime
+from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload, setup_runtime
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
@@ -31,22 +31,25 @@ def main() -> None:
 @click.option("--temperature", "temperatures", default="0,0.2,0.4,0.6,0.8,1.0", show_default=True,
               help="Temperatures tried in turn when a window fails the fallback checks.")
 @click.option("--no-condition-on-previous-text", is_flag=True, help="Decode each window without the previous text.")
-@click.option("--schedule", type=click.Choice(["heuristic", "constant", "confidence"]), default="heuristic",
-              show_default=True, help="How many tokens the assistant drafts per round.")
-@click.option("--num-assistant-tokens", default=5, show_default=True, type=int, help="Drafts per round (start).")
+@click.option("--schedule", type=click.Choice(["heuristic", "constant", "confidence"]), default=None,
+              help="How many tokens the assistant drafts per round [default: heuristic; constant 10 when auto "
+                   "drafts for an offloaded model].")
+@click.option("--num-assistant-tokens", default=None, type=int, help="Drafts per round (start) [default: 5].")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
               help="Model precision (auto: float32 on CPU, float16 on GPU).")
+@offload_options
 @click.option("--threads", type=int, default=None, help="Torch CPU threads.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def transcribe(files, model, assistant, language, task, output_format, output_dir, without_timestamps,
                word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, schedule,
-               num_assistant_tokens, device, dtype, threads, quiet) -> None:
+               num_assistant_tokens, device, dtype, offload, offload_folder, max_memory, threads, quiet) -> None:
     """Transcribe (or translate) audio FILES of any length."""
     from asr.api import TranscribeOptions, load_pair, transcribe_file
     from asr.writers import output_formats, write_outputs
 
     device, torch_dtype = setup_runtime(device, dtype, threads)
+    offloading = parse_offload(offload, offload_folder, max_memory)
     try:
         options = TranscribeOptions(
             language=language, task=task, timestamps=not without_timestamps, word_timestamps=word_timestamps,
@@ -55,7 +58,7 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
             num_assistant_tokens=num_assistant_tokens,
         )
         formats = output_formats(output_format)
-        bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype)
+        bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     failures = 0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
+from asr.offload import offload_store
 from decoding.causal_lm import layer_norm_fn, linear_fn
 from decoding.kv_cache import StaticKVCache, causal_mask
 
@@ -29,8 +30,16 @@ class WhisperDecoderAdapter:
 
     def __init__(self, model: torch.nn.Module, encoder_output: torch.Tensor, capacity: int = 256) -> None:
         decoder = model.get_decoder()
-        self.layers = [_LayerPlan.of(layer) for layer in decoder.layers]
-        self.embed_tokens = decoder.embed_tokens.weight
+        # Offloaded layers (asr.offload) are planned per pass, over weights fetched just before they run.
+        self.store = offload_store(model)
+        offloaded = self.store.layers if self.store is not None else {}
+        self.layers = [None if i in offloaded else _LayerPlan.of(layer) for i, layer in enumerate(decoder.layers)]
+        self.activation = decoder.layers[0].activation_fn.forward
+        self.eps = decoder.layers[0].final_layer_norm.eps
+        # A drafting copy may look tokens up in the model's own embedding (`shared_embedding`) and round the rows
+        # it reads: the same values as a rounded copy of the table, without a second table.
+        shared = getattr(model, "shared_embedding", None)
+        self.embed_tokens = shared if shared is not None else decoder.embed_tokens.weight
         self.embed_positions = decoder.embed_positions.weight
         self.layer_norm = layer_norm_fn(decoder.layer_norm)
         self.proj_out = linear_fn(model.get_output_embeddings())
@@ -45,7 +54,14 @@ class WhisperDecoderAdapter:
         with torch.inference_mode():
             encoder_output = encoder_output.to(self.dtype)
             self.cross = [(self._split(layer.cross_k(encoder_output)), self._split(layer.cross_v(encoder_output)))
-                          for layer in self.layers]
+                          for layer in self._plans()]
+
+    def _plans(self) -> Iterator[_LayerPlan]:
+        """Each layer's functions in order; an offloaded layer's weights are fetched as its turn comes (the store
+        reads the next one meanwhile) and let go of when the layer after it is fetched."""
+        for index, plan in enumerate(self.layers):
+            yield plan if plan is not None else _LayerPlan.of_weights(self.store.fetch(index), self.activation,
+                                                                       self.eps)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """`[B, T, d]` -> `[B, heads, T, head_dim]`."""
@@ -66,9 +82,9 @@ class WhisperDecoderAdapter:
             position_ids = torch.arange(start, end, device=self.device).expand(batch, width)
         if attention_mask is None and width > 1:
             attention_mask = causal_mask(start, width, self.device)
-        x = F.embedding(input_ids, self.embed_tokens) + self.embed_positions[position_ids]
+        x = F.embedding(input_ids, self.embed_tokens).to(self.dtype) + self.embed_positions[position_ids]
         split = self._split
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self._plans()):
             q, k, v = layer.qkv(layer.norm_self(x))
             k, v = cache.write(index, start, split(k), split(v))
             a = F.scaled_dot_product_attention(split(q), k, v, attn_mask=attention_mask)
@@ -135,6 +151,27 @@ class _LayerPlan:
         )
 
 
+    @staticmethod
+    def of_weights(weights: dict[str, torch.Tensor], activation: Fn, eps: float) -> "_LayerPlan":
+        """The same functions over a fetched layer's weights (names as in the layer's state dict)."""
+        def linear(name: str) -> Fn:
+            weight, bias = weights[f"{name}.weight"], weights.get(f"{name}.bias")
+            return lambda x: F.linear(x, weight, bias)
+
+        def norm(name: str) -> Fn:
+            weight, bias = weights[f"{name}.weight"], weights[f"{name}.bias"]
+            return lambda x: F.layer_norm(x, weight.shape, weight, bias, eps)
+
+        q, k, v = linear("self_attn.q_proj"), linear("self_attn.k_proj"), linear("self_attn.v_proj")
+        return _LayerPlan(
+            norm_self=norm("self_attn_layer_norm"), qkv=lambda h: (q(h), k(h), v(h)), out=linear("self_attn.out_proj"),
+            norm_cross=norm("encoder_attn_layer_norm"), cross_q=linear("encoder_attn.q_proj"),
+            cross_k=linear("encoder_attn.k_proj"), cross_v=linear("encoder_attn.v_proj"),
+            cross_out=linear("encoder_attn.out_proj"), norm_ffn=norm("final_layer_norm"), fc1=linear("fc1"),
+            activation=activation, fc2=linear("fc2"),
+        )
+
+
 def _qkv(attention: Any) -> Fn:
     """Query, key and value projections: one fused matmul where the copy has one (`fuse_qkv`), else three."""
     fused = getattr(attention, "qkv_proj", None)
@@ -152,15 +189,21 @@ def fuse_qkv(decoder: torch.nn.Module) -> torch.nn.Module:
     Whisper's key projection has no bias: its third of the fused bias is zero.
     """
     for layer in decoder.layers:
-        attention = layer.self_attn
-        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
-        fused = torch.nn.Linear(q.in_features, 3 * q.out_features, device=q.weight.device, dtype=q.weight.dtype)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
-            fused.bias.copy_(torch.cat([q.bias, torch.zeros_like(q.bias), v.bias]))
-        del attention.q_proj, attention.k_proj, attention.v_proj
-        attention.qkv_proj = fused
+        fuse_layer_qkv(layer)
     return decoder
+
+
+def fuse_layer_qkv(layer: torch.nn.Module) -> torch.nn.Module:
+    """`fuse_qkv` for one decoder layer (in place); returns `layer`."""
+    attention = layer.self_attn
+    q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+    fused = torch.nn.Linear(q.in_features, 3 * q.out_features, device=q.weight.device, dtype=q.weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
+        fused.bias.copy_(torch.cat([q.bias, torch.zeros_like(q.bias), v.bias]))
+    del attention.q_proj, attention.k_proj, attention.v_proj
+    attention.qkv_proj = fused
+    return layer
 
 
 @torch.inference_mode()

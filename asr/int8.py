@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import torch
 
+_ROWS = 4096
+
 
 class Int8Linear(torch.nn.Module):
     """`y = x @ (scale * W_int8).T + b`, with `x` in `dtype` (bfloat16)."""
 
     def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__()
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        self.register_buffer("weight", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous())
+        weight = linear.weight.detach()
+        quantized = torch.empty(weight.shape, dtype=torch.int8)
+        scale = torch.empty(weight.shape[0])
+        # In blocks of rows, so that quantising a large head (51,865 x 1,280 in large-v3) never holds float copies
+        # of the whole matrix; each row's scale and values are the same as in one go.
+        for start in range(0, weight.shape[0], _ROWS):
+            rows = weight[start:start + _ROWS].float()
+            block = rows.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+            quantized[start:start + _ROWS] = torch.round(rows / block[:, None]).clamp(-127, 127).to(torch.int8)
+            scale[start:start + _ROWS] = block
+        self.register_buffer("weight", quantized)
         self.register_buffer("scale", scale.to(dtype))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
         self.in_features, self.out_features = linear.in_features, linear.out_features

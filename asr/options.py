@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from decoding.schedule import make_schedule
 
 TASKS = ("transcribe", "translate")
+# Drafting when neither the options nor the assistant say otherwise: the seeds' heuristic, from 5 drafts.
+DEFAULT_SCHEDULE = ("heuristic", 5)
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,10 @@ class TranscribeOptions:
     silence_threshold_db: float | None = -60.0
     # Most tokens decoded in one window (openai-whisper: half the decoder's context).
     max_new_tokens: int = 224
-    # Drafting: schedule (heuristic, constant, confidence) and its starting k.
-    schedule: str = "heuristic"
-    num_assistant_tokens: int = 5
+    # Drafting: schedule (heuristic, constant, confidence) and its starting k. None: the assistant's own
+    # preference (`--assistant auto` for an offloaded model drafts many tokens a round), else heuristic from 5.
+    schedule: str | None = None
+    num_assistant_tokens: int | None = None
     # Seed for sampled (fallback) windows, for reproducible runs.
     seed: int | None = 0
 
@@ -47,4 +50,10 @@ class TranscribeOptions:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.word_timestamps and not self.timestamps:
             raise ValueError("word timestamps need timestamps; drop --without-timestamps")
-        make_schedule(self.schedule, self.num_assistant_tokens)
+        make_schedule(*self.drafting())
+
+    def drafting(self, preferred: tuple[str, int] | None = None) -> tuple[str, int]:
+        """(schedule, k): what was asked for, else the assistant's `preferred` drafting, else DEFAULT_SCHEDULE."""
+        schedule, k = preferred or DEFAULT_SCHEDULE
+        return (schedule if self.schedule is None else self.schedule,
+                k if self.num_assistant_tokens is None else self.num_assistant_tokens)

@@ -39,6 +39,7 @@ from transformers import (
 
 from asr.convert import CONVERTER_VERSION, SpecialTokens, build_generation_config, convert_ct2, special_tokens
 from asr.ct2 import ModelFileError
+from asr.offload import OffloadError, OffloadOptions, load_offloaded, resolve_offload
 
 __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
            "WhisperBundle", "cache_dir", "known_models", "load_model"]
@@ -246,16 +247,20 @@ def _hub_problem(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
     return f"cannot reach {host}: {error[0]}" if error else None
 
 
-def _load_folder(src: str, name: str, source: str, device: str, dtype: torch.dtype, **hub: object) -> WhisperBundle:
+def _load_folder(src: str, name: str, source: str, device: str, dtype: torch.dtype,
+                 offload: OffloadOptions | None = None, **hub: object) -> WhisperBundle:
     """Loads a transformers Whisper folder or Hub id into a bundle (``hub``: extra from_pretrained options)."""
     config = WhisperConfig.from_pretrained(src, **hub)
     architectures = config.architectures or ["WhisperForConditionalGeneration"]
     if "WhisperForConditionalGeneration" not in architectures:
         raise UnsupportedModelError(f"model {name!r} is a {'/'.join(architectures)}; load_model needs a "
                                     "WhisperForConditionalGeneration (decoder-only assistants load separately)")
-    model = WhisperForConditionalGeneration.from_pretrained(src, dtype=dtype, use_safetensors=True,
-                                                            trust_remote_code=False, **hub)
-    model = model.to(device).eval()
+    if offload is not None:
+        model = load_offloaded(_local_folder(src, **hub), config, offload, device, dtype)
+    else:
+        model = WhisperForConditionalGeneration.from_pretrained(src, dtype=dtype, use_safetensors=True,
+                                                                trust_remote_code=False, **hub)
+        model = model.to(device).eval()
     tokenizer = WhisperTokenizerFast.from_pretrained(src, **hub)
     feature_extractor = WhisperFeatureExtractor.from_pretrained(src, **hub)
     if feature_extractor.feature_size != config.num_mel_bins:
@@ -279,13 +284,24 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: torch.dty
         source=source)
 
 
-def _load_hub(repo: str, name: str, device: str, dtype: torch.dtype) -> WhisperBundle:
+def _local_folder(src: str, **hub: object) -> Path:
+    """A local folder with `src`'s files (a Hub id's snapshot in the Hub cache, downloaded if allowed)."""
+    if Path(src).is_dir():
+        return Path(src)
+    from huggingface_hub import snapshot_download
+
+    local = bool(hub.get("local_files_only", False))
+    return Path(snapshot_download(src, allow_patterns=["*.json", "*.safetensors"], local_files_only=local))
+
+
+def _load_hub(repo: str, name: str, device: str, dtype: torch.dtype,
+              offload: OffloadOptions | None = None) -> WhisperBundle:
     with contextlib.suppress(OSError):  # already in the Hub cache: no network needed
-        return _load_folder(repo, name, f"hub:{repo}", device, dtype, local_files_only=True)
+        return _load_folder(repo, name, f"hub:{repo}", device, dtype, offload, local_files_only=True)
     problem = _hub_problem()
     if problem is None:
         try:
-            return _load_folder(repo, name, f"hub:{repo}", device, dtype)
+            return _load_folder(repo, name, f"hub:{repo}", device, dtype, offload)
         except OSError as e:
             problem = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ModelNotFoundError(f"could not download {repo!r} from the Hugging Face Hub ({problem}); "
@@ -301,23 +317,27 @@ def _ct2_folder(folder: Path) -> _Ct2Source:
                       folder / "tokenizer.json")
 
 
-def _load_ct2(src: _Ct2Source, name: str, device: str, dtype: torch.dtype) -> WhisperBundle:
+def _load_ct2(src: _Ct2Source, name: str, device: str, dtype: torch.dtype,
+              offload: OffloadOptions | None = None) -> WhisperBundle:
     folder = _convert_into_cache(src)
     try:
-        return _load_folder(str(folder), name, src.source, device, dtype, local_files_only=True)
+        return _load_folder(str(folder), name, src.source, device, dtype, offload, local_files_only=True)
     except (ModelNotFoundError, UnsupportedModelError):
+        raise
+    except OffloadError:
         raise
     except Exception as e:  # whatever a damaged cache makes transformers or safetensors raise: rebuild once
         logger.warning("cached model %s cannot be loaded (%s: %s); rebuilding it", folder, type(e).__name__, e)
     folder = _convert_into_cache(src, force=True)
-    return _load_folder(str(folder), name, src.source, device, dtype, local_files_only=True)
+    return _load_folder(str(folder), name, src.source, device, dtype, offload, local_files_only=True)
 
 
 def _known_names() -> str:
     return ", ".join(dict.fromkeys([*PACKAGES, *HUB_ALIASES]))
 
 
-def load_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> WhisperBundle:
+def load_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+               offload: OffloadOptions | None = None) -> WhisperBundle:
     """Loads a Whisper model by name, converting and caching CTranslate2 weights on first use.
 
     Args:
@@ -325,6 +345,8 @@ def load_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.flo
             (``org/name``), a local transformers folder, or a local faster-whisper folder.
         device: Torch device to put the model on.
         dtype: Dtype of the model's weights.
+        offload: Decoder layers to keep on disk (or in CPU memory for a GPU) and bring in per pass
+            (``asr.offload``); None keeps the whole model on ``device``.
 
     Returns:
         The model in eval mode with its tokenizer, feature extractor, complete generation config and ids.
@@ -333,11 +355,13 @@ def load_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.flo
         ModelNotFoundError: The name is unknown, a folder is incomplete, or a Hub model cannot be downloaded.
         UnsupportedModelError: The checkpoint is not a ``WhisperForConditionalGeneration``.
         ModelFileError: The model's files are damaged or not a Whisper model.
+        ValueError: Offload options the device cannot use, or a ``max_memory`` too small for the resident parts.
     """
+    offload = resolve_offload(offload, device)
     path = Path(name).expanduser()
     if path.is_dir():
         if (path / "model.bin").is_file():
-            return _load_ct2(_ct2_folder(path), name, device, dtype)
+            return _load_ct2(_ct2_folder(path), name, device, dtype, offload)
         if not (path / "config.json").is_file() or not any(path.glob("model*.safetensors*")):
             raise ModelNotFoundError(f"{path}: not a model folder (needs config.json and *.safetensors, or a "
                                      "faster-whisper model.bin)")
@@ -348,17 +372,18 @@ def load_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.flo
         if missing:
             raise ModelNotFoundError(f"{path}: incomplete model folder, no {' or '.join(missing)}")
         try:
-            return _load_folder(str(path), name, f"local:{path.resolve()}", device, dtype, local_files_only=True)
+            return _load_folder(str(path), name, f"local:{path.resolve()}", device, dtype, offload,
+                                local_files_only=True)
         except OSError as e:
             raise ModelNotFoundError(f"{path}: cannot load ({str(e).strip().splitlines()[0]})") from None
     if name in PACKAGES and (package := _package(name)) is not None:
-        return _load_ct2(package, name, device, dtype)
+        return _load_ct2(package, name, device, dtype, offload)
     if name in HUB_ALIASES:
-        return _load_hub(HUB_ALIASES[name], name, device, dtype)
+        return _load_hub(HUB_ALIASES[name], name, device, dtype, offload)
     if path.exists() or name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
         raise ModelNotFoundError(f"{name}: {'not a folder' if path.exists() else 'no such model folder'}")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name):
-        return _load_hub(name, name, device, dtype)
+        return _load_hub(name, name, device, dtype, offload)
     raise ModelNotFoundError(f"unknown model {name!r}; known names: {_known_names()}, or a hub id (org/name) "
                              "or a local folder")
 

@@ -2,10 +2,46 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import click
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+OFFLOADS = ("none", "cpu", "disk")
+
+
+def offload_options(command: Callable) -> Callable:
+    """Adds --offload, --offload-folder and --max-memory to a command (accelerate's device_map semantics)."""
+    options = [
+        click.option("--offload", type=click.Choice(OFFLOADS), default="none", show_default=True,
+                     help="Keep the model's decoder layers on disk (on a CPU) or in CPU memory (on a GPU) and bring "
+                          "them in per pass; the encoder, embeddings, head and the assistant stay resident."),
+        click.option("--offload-folder", default=None, type=click.Path(file_okay=False),
+                     help="Folder for the layer files of --offload disk (default: a temporary folder)."),
+        click.option("--max-memory", default=None, metavar="SIZE",
+                     help="Model weights allowed on the device (300MB, 2GiB); decoder layers beyond it are offloaded "
+                          "(default with --offload: all of them)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def parse_offload(offload: str, folder: str | None, max_memory: str | None) -> Any:
+    """The `asr.offload.OffloadOptions` for the three options, or None for none.
+
+    Raises:
+        click.BadParameter: a size that is not one.
+    """
+    from asr.offload import OffloadOptions, parse_size
+
+    try:
+        size = parse_size(max_memory) if max_memory is not None else None
+    except ValueError as error:
+        raise click.BadParameter(str(error).removeprefix("--max-memory: "), param_hint="--max-memory") from None
+    options = OffloadOptions(device=None if offload == "none" else offload, folder=folder, max_memory=size)
+    return options if options.enabled or folder is not None else None
 
 
 def setup_runtime(device: str, dtype: str, threads: int | None):

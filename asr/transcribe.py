@@ -258,12 +258,12 @@ class _WindowDecoder:
             elapsed += assistant_seconds
         for item in items:
             item.stats.encode_seconds += elapsed * share
+        schedule, num_assistant_tokens = options.drafting(getattr(self.assistant, "schedule", None))
         t = time.perf_counter()
         decoded = decode_windows(
             model_decoder, prompts, rules=self.rules, filters=filters, make_draft=make_draft,
             eot=special.eot, no_speech=special.no_speech, sot_from_end=sot_from_end, decode_text=self.decode_text,
-            max_new_tokens=options.max_new_tokens, schedule=options.schedule,
-            num_assistant_tokens=options.num_assistant_tokens,
+            max_new_tokens=options.max_new_tokens, schedule=schedule, num_assistant_tokens=num_assistant_tokens,
             seed=None if options.seed is None else options.seed + items[0].seek,
         )
         elapsed = time.perf_counter() - t

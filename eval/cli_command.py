@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from asr.runtime import DEVICES, DTYPES
+from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload
 
 
 @click.command("eval")
@@ -32,10 +32,11 @@ from asr.runtime import DEVICES, DTYPES
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
               help="Model precision (auto: float32 on CPU, float16 on GPU).")
+@offload_options
 @click.option("--threads", type=int, default=None, help="Torch CPU threads (faster-whisper gets as many).")
 @click.option("--quiet", "-q", is_flag=True, help="No line per item.")
 def eval_command(sources, model, compare, report_dir, language, limit, audio_column, text_column, device, dtype,
-                 threads, quiet) -> None:
+                 offload, offload_folder, max_memory, threads, quiet) -> None:
     """Compare decoding configurations on SOURCE... (folders, manifests with `text`, datasets): WER, latency
     and exactness, written to --report DIR as tables, JSON and plots."""
     from eval.evaluate import evaluate
@@ -48,6 +49,7 @@ def eval_command(sources, model, compare, report_dir, language, limit, audio_col
         raise click.BadParameter(f"cannot create {report_dir}: {error.strerror or error}",
                                  param_hint="--report") from None
     device, torch_dtype = _setup(device, dtype, threads)
+    offloading = parse_offload(offload, offload_folder, max_memory)
     if not compare:
         compare = ("greedy", "assisted:self:int8" if device == "cpu" else "assisted:self:fp16")
 
@@ -64,7 +66,7 @@ def eval_command(sources, model, compare, report_dir, language, limit, audio_col
     try:
         report = evaluate(sources, compare, model=model, language=language, limit=limit, device=device,
                           dtype=torch_dtype, audio_column=audio_column, text_column=text_column,
-                          on_message=on_message, on_item=on_item)
+                          on_message=on_message, on_item=on_item, offload=offloading)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     report["run"]["command"] = shlex.join(["asr", "eval", *sys.argv[2:]]) if sys.argv[1:2] == ["eval"] else None

@@ -24,6 +24,7 @@ def evaluate(
     text_column: str = "text",
     on_message: Callable[[str], None] | None = None,
     on_item: Callable | None = None,
+    offload: Any = None,
 ) -> dict[str, Any]:
     """Runs every configuration over the items of `sources`, interleaved, and summarises the run.
 
@@ -36,6 +37,7 @@ def evaluate(
         device, dtype: where and in which precision the model runs (dtype None: float32).
         on_message: called with one-line messages: skipped configurations, bad items, failed decodes.
         on_item: called after each item with (item, {configuration: result}).
+        offload: `asr.offload.OffloadOptions` for the model (None: all of it on `device`).
 
     Returns:
         `eval.metrics.summarize`'s dictionary with a `run` entry (model, device, sources, versions...).
@@ -46,6 +48,7 @@ def evaluate(
     import torch
     import transformers
 
+    from asr.offload import resolve_offload
     from asr.registry import load_model
     from eval.backends import make_backends
 
@@ -55,7 +58,8 @@ def evaluate(
         raise ValueError(f"limit must be >= 1, got {limit}")
     items = _open_sources(sources, audio_column, text_column)
     dtype = dtype or torch.float32
-    bundle = load_model(model, device=device, dtype=dtype)
+    offload = resolve_offload(offload, device)
+    bundle = load_model(model, device=device, dtype=dtype, offload=offload)
     backends, skipped = make_backends(configs, model, bundle, device=device, dtype=dtype,
                                       threads=torch.get_num_threads())
     for name, reason in skipped.items():
@@ -71,6 +75,7 @@ def evaluate(
     report = summarize(run)
     report["run"] = {
         "model": model, "device": device, "dtype": str(dtype).replace("torch.", ""),
+        "offload": None if offload is None else {"device": offload.device, "max_memory": offload.max_memory},
         "threads": torch.get_num_threads(), "sources": list(sources),
         "configurations": [c.name for c in configs], "language": language, "limit": limit,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -90,7 +90,7 @@ class DraftDecoder(torch.nn.Module):
         # layers and final norm, deep copies of the teacher's that training changes.
         self.decoder = copy.copy(teacher)
         self.decoder._modules = dict(teacher._modules)
-        self.decoder.layers = torch.nn.ModuleList(copy.deepcopy(teacher.layers[i]) for i in layers)
+        self.decoder.layers = torch.nn.ModuleList(_own_copy(teacher.layers[i]) for i in layers)
         self.decoder.layer_norm = copy.deepcopy(teacher.layer_norm)
         self.decoder.config = self.config
         self.proj_out = model.get_output_embeddings()
@@ -117,6 +117,16 @@ class DraftDecoder(torch.nn.Module):
         """Logits for every position: `[batch, seq]` ids and `[batch, frames, d_model]` -> `[batch, seq, vocab]`."""
         hidden = self.decoder(input_ids=input_ids, encoder_hidden_states=encoder_output, use_cache=False)
         return self.proj_out(hidden.last_hidden_state)
+
+
+def _own_copy(layer: torch.nn.Module) -> torch.nn.Module:
+    """A resident copy of a teacher layer, also when the model's layers are offloaded (`asr.offload`)."""
+    from accelerate.hooks import remove_hook_from_module
+
+    from asr.offload import materialized
+
+    with materialized(layer):
+        return remove_hook_from_module(copy.deepcopy(layer))
 
 
 def model_probe(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -1,0 +1,198 @@
+"""Offloaded decoder layers: their weights live on disk (or in CPU memory for a GPU) and come in per layer.
+
+`WhisperDecoderAdapter` calls each layer's kernels directly, so accelerate's module hooks never fire on its
+path; it asks a `LayerStore` for a layer's weights just before the layer runs and lets go of them after.
+Each offloaded layer is one safetensors file in the offload folder, in the dtype the model runs in, so a
+fetch is one read of a contiguous block (`preadv` into one of two reused buffers, the next layer read on a
+background thread while the current one computes) or a memory map of the file (`mmap`), or, for
+comparison, accelerate's own `OffloadedWeightsLoader` over the same files (`accelerate`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+
+#: How an offloaded layer is read back (see the module docstring).
+READERS = ("read", "mmap", "accelerate")
+
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I8": torch.int8,
+           "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+
+
+def safetensors_header(path: Path) -> tuple[dict, int]:
+    """The header of a safetensors file (name -> dtype, shape, data_offsets) and where its data starts."""
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+def read_tensor(handle, entry: dict, data_start: int) -> torch.Tensor:
+    """One tensor of an open safetensors file, read into fresh memory (no memory map left behind)."""
+    begin, end = entry["data_offsets"]
+    out = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
+    if end > begin:
+        os.preadv(handle.fileno(), [memoryview(out.view(-1).view(torch.uint8).numpy())], data_start + begin)
+    return out
+
+
+class LayerStore:
+    """The weights of the offloaded decoder layers, fetched one layer at a time onto the execution device.
+
+    Args:
+        folder: where the layer files go (disk offload), or None to keep them in CPU memory (GPU execution).
+        device: where the layers run.
+        reader: one of READERS (disk offload).
+        prefetch: read the next offloaded layer while the current one computes.
+        drop_page_cache: after each read, ask the kernel to drop the file from its page cache, so that every
+            read comes from the disk (benchmarks: the machine's free memory otherwise holds the files).
+    """
+
+    def __init__(self, folder: Path | None, device: torch.device, *, reader: str = "read", prefetch: bool = True,
+                 drop_page_cache: bool = False) -> None:
+        if reader not in READERS:
+            raise ValueError(f"unknown offload reader {reader!r}; choose one of {', '.join(READERS)}")
+        self.folder = folder
+        self.device = torch.device(device)
+        self.reader = reader
+        self.prefetch = prefetch
+        self.drop_page_cache = drop_page_cache
+        self.layers: dict[int, _Layer] = {}
+        self.order: list[int] = []  # offloaded layer indices in running order
+        self.fetches = 0  # layers brought in so far (statistics)
+        self._buffers: list[torch.Tensor] = []
+        self._next = 0  # which buffer the next read fills
+        self._pending: tuple[int, Future] | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="offload") if prefetch else None
+        self._stream = None
+
+    # --- filling -------------------------------------------------------------------------------------------
+
+    def add(self, index: int, weights: dict[str, torch.Tensor]) -> None:
+        """Takes layer `index`'s weights (names relative to the layer) out of memory, onto disk or pinned memory."""
+        if self.folder is None:
+            pinned = self.device.type == "cuda"
+            self.layers[index] = _Layer(None, {n: (t.pin_memory() if pinned else t) for n, t in weights.items()}, 0, 0)
+        else:
+            path = self.folder / f"layer_{index}.safetensors"
+            save_file({n: t.contiguous() for n, t in weights.items()}, str(path))
+            with open(path, "rb+") as handle:
+                os.fsync(handle.fileno())  # dirty pages would survive the page-cache drop below
+            header, start = safetensors_header(path)
+            size = max(entry["data_offsets"][1] for entry in header.values())
+            self.layers[index] = _Layer(path, header, start, size)
+        self.order = sorted(self.layers)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all offloaded weights."""
+        return sum(layer.nbytes for layer in self.layers.values())
+
+    # --- fetching ------------------------------------------------------------------------------------------
+
+    def fetch(self, index: int) -> dict[str, torch.Tensor]:
+        """Layer `index`'s weights on the execution device, valid until the layer after next is fetched."""
+        self.fetches += 1
+        if self._pending is not None and self._pending[0] == index:
+            weights = self._pending[1].result()
+        else:
+            if self._pending is not None:
+                self._pending[1].result()  # never two reads into the buffers at once
+            weights = self._load(index)
+        self._pending = None
+        if self._pool is not None and len(self.order) > 1:
+            following = self.order[(self.order.index(index) + 1) % len(self.order)]
+            self._pending = (following, self._pool.submit(self._load, following))
+        return weights
+
+    def _load(self, index: int) -> dict[str, torch.Tensor]:
+        layer = self.layers[index]
+        if layer.path is None:
+            return self._to_device(layer.entries)
+        if self.reader == "accelerate":
+            weights = self._accelerate(layer)
+        elif self.reader == "mmap":
+            # MAP_PRIVATE over the file: pages fault in from the page cache as the kernels touch them, and
+            # leave this process's resident set when the last view is dropped.
+            data = torch.from_file(str(layer.path), shared=False, size=layer.start + layer.nbytes, dtype=torch.uint8)
+            weights = _views(data[layer.start:], layer.entries)
+        else:
+            buffer = self._buffer(layer.nbytes)
+            with open(layer.path, "rb", buffering=0) as handle:
+                os.preadv(handle.fileno(), [memoryview(buffer[:layer.nbytes].numpy())], layer.start)
+                if self.drop_page_cache:
+                    os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            weights = _views(buffer, layer.entries)
+        if self.drop_page_cache and self.reader != "read":
+            with open(layer.path, "rb") as handle:
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        return self._to_device(weights)
+
+    def _accelerate(self, layer: "_Layer") -> dict[str, torch.Tensor]:
+        from accelerate.utils import OffloadedWeightsLoader
+
+        loader = OffloadedWeightsLoader(index={n: {"safetensors_file": str(layer.path), "weight_name": n}
+                                               for n in layer.entries})
+        return {name: loader[name] for name in layer.entries}
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        """One of two reused read buffers, alternately: the one the layer in use does not read from."""
+        if not self._buffers or self._buffers[0].numel() < nbytes:
+            largest = max(layer.nbytes for layer in self.layers.values())
+            pinned = self.device.type == "cuda"
+            self._buffers = [torch.empty(largest, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
+        buffer = self._buffers[self._next]
+        self._next ^= 1
+        return buffer
+
+    def _to_device(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.device.type == "cpu":
+            return weights
+        # A copy stream of its own, so that the prefetched layer's transfer overlaps the current layer's kernels.
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._stream):
+            moved = {n: t.to(self.device, non_blocking=True) for n, t in weights.items()}
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        consumer.wait_event(event)
+        for tensor in moved.values():
+            tensor.record_stream(consumer)  # the allocator must not reuse it before the layer's kernels ran
+        if self.folder is not None:
+            event.synchronize()  # the pinned read buffer is refilled two layers on: the copy must be done by then
+        return moved
+
+    def close(self) -> None:
+        """Waits for a read in flight and stops the reading thread."""
+        if self._pending is not None:
+            self._pending[1].result()
+            self._pending = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+class _Layer:
+    """Where one offloaded layer lives: a file with its header (`entries`), or the tensors themselves."""
+
+    def __init__(self, path: Path | None, entries: dict, start: int, nbytes: int) -> None:
+        self.path, self.entries, self.start = path, entries, start
+        self.nbytes = nbytes if path is not None else sum(t.numel() * t.element_size() for t in entries.values())
+
+
+def _views(data: torch.Tensor, header: dict) -> dict[str, torch.Tensor]:
+    """Tensors over the bytes of a safetensors file's data section, without copying."""
+    out = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        out[name] = data[begin:end].view(_DTYPES[entry["dtype"]]).view(entry["shape"])
+    return out

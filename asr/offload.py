@@ -1,0 +1,283 @@
+"""Models larger than memory: decoder layers offloaded to disk (or to CPU memory for a GPU), the rest resident.
+
+accelerate's `device_map="auto"` semantics, made for Whisper and this project's direct decoder pass: the
+encoder, the decoder's embeddings and tied output head and its final norm stay on the execution device (they
+run once per window, or for every token); decoder layers that do not fit under `max_memory` (all of them when
+no limit is given) are offloaded and brought in per layer per pass (`asr.layer_store`). Loading reads the
+checkpoint tensor by tensor, so the offloaded layers never sit in memory whole.
+
+A pass of an offloaded model costs about the same for one token as for ten, so `--assistant auto` drafts
+many tokens per pass with a resident assistant (`asr.assistants.offload_assistant`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from asr.layer_store import READERS, LayerStore, read_tensor, safetensors_header
+
+logger = logging.getLogger(__name__)
+
+#: Where `--offload` may put the layers that are not resident.
+OFFLOAD_DEVICES = ("cpu", "disk")
+_LAYERS = "model.decoder.layers."
+
+
+class OffloadError(ValueError):
+    """Offload options that cannot be honoured for this model (too little memory for its resident parts)."""
+
+
+@dataclass(frozen=True)
+class OffloadOptions:
+    """Where a model's decoder layers live when they do not stay on the execution device."""
+
+    # "disk": layer files in `folder`, read per pass; "cpu": CPU memory, copied to the GPU per pass;
+    # None with max_memory None: nothing offloaded.
+    device: str | None = None
+    # Folder for the layer files of disk offload (None: a temporary folder, removed at exit).
+    folder: str | None = None
+    # Bytes of model weights allowed on the execution device; None: every decoder layer is offloaded.
+    max_memory: int | None = None
+    # How a layer file is read back (asr.layer_store.READERS), and whether the next layer is read meanwhile.
+    reader: str = "read"
+    prefetch: bool = True
+    # Drop each layer file from the page cache after reading it, so reads come from the disk (benchmarks).
+    drop_page_cache: bool = False
+
+    def __post_init__(self) -> None:
+        if self.device is not None and self.device not in OFFLOAD_DEVICES:
+            raise ValueError(f"unknown offload device {self.device!r}; choose one of {', '.join(OFFLOAD_DEVICES)}")
+        if self.reader not in READERS:
+            raise ValueError(f"unknown offload reader {self.reader!r}; choose one of {', '.join(READERS)}")
+        if self.max_memory is not None and self.max_memory <= 0:
+            raise ValueError(f"--max-memory must be positive, got {self.max_memory}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.device is not None or self.max_memory is not None
+
+
+def parse_size(text: str) -> int:
+    """`300MB`, `1.5GiB`, `2GB` or a plain number of bytes -> bytes (accelerate's units: GB = 10^9, GiB = 2^30).
+
+    Raises:
+        ValueError: not a size.
+    """
+    from accelerate.utils import convert_file_size_to_int
+
+    text = text.strip()
+    try:
+        size = int(text) if text.isdigit() else convert_file_size_to_int(text)
+    except ValueError:
+        size = -1
+    if size <= 0:
+        raise ValueError(f"--max-memory: expected a size such as 300MB or 2GiB, got {text!r}")
+    return size
+
+
+def resolve_offload(options: OffloadOptions | None, device: str) -> OffloadOptions | None:
+    """Checks offload options against the execution device and fills in what accelerate would.
+
+    `--max-memory` alone offloads what does not fit to the next tier: CPU memory from a GPU, disk from a CPU.
+
+    Raises:
+        ValueError: an offload tier the device cannot use, a folder for CPU offload, or an unwritable folder.
+    """
+    if options is None or not options.enabled:
+        if options is not None and options.folder is not None:
+            raise ValueError("--offload-folder needs --offload disk (or --max-memory)")
+        return None
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"--offload is not supported with --device {device}; use --device cpu or cuda")
+    target = options.device or ("cpu" if kind == "cuda" else "disk")
+    if target == "cpu" and kind == "cpu":
+        raise ValueError("--offload cpu keeps layers in CPU memory for a model on a GPU, and this model runs on the "
+                         "CPU already; use --offload disk")
+    if target == "cpu" and options.folder is not None:
+        raise ValueError("--offload-folder is for --offload disk; --offload cpu keeps the layers in memory")
+    if target == "disk" and options.folder is not None:
+        folder = Path(options.folder).expanduser()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as error:
+            raise ValueError(f"cannot write to offload folder {folder}: {error.strerror or error}") from None
+    return replace(options, device=target)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which decoder layers are offloaded, and the bytes on each side."""
+
+    offloaded: tuple[int, ...]
+    resident_bytes: int
+    offloaded_bytes: int
+
+
+def plan_placement(model: torch.nn.Module, options: OffloadOptions, dtype: torch.dtype) -> Placement:
+    """Keeps the encoder, embeddings, head and final norm resident, then decoder layers in order while they fit.
+
+    With a limit, two layers' worth of read buffers are set aside as soon as one layer is offloaded (accelerate
+    sets aside the largest layer).
+
+    Raises:
+        OffloadError: `max_memory` cannot hold even the parts that must stay resident.
+    """
+    size = torch.tensor([], dtype=dtype).element_size()
+    layers = model.get_decoder().layers
+    layer_bytes = [sum(p.numel() for p in layer.parameters()) * size for layer in layers]
+    total = sum(p.numel() for p in model.parameters()) * size  # a tied parameter is listed once
+    resident = total - sum(layer_bytes)
+    offloaded = list(range(len(layers)))
+    if options.max_memory is not None:
+        needed = resident + 2 * max(layer_bytes)
+        if needed > options.max_memory:
+            raise OffloadError(f"--max-memory {_mb(options.max_memory)} cannot hold the model's resident parts "
+                             f"(encoder, embeddings and output head, two layer buffers: {_mb(needed)}); "
+                             f"give at least {_mb(needed)}")
+        budget, kept = options.max_memory - resident, 0
+        if sum(layer_bytes) <= budget:
+            kept = len(layers)
+        else:
+            budget -= 2 * max(layer_bytes)
+            while kept < len(layers) and layer_bytes[kept] <= budget:
+                budget -= layer_bytes[kept]
+                kept += 1
+        offloaded = offloaded[kept:]
+    moved = sum(layer_bytes[i] for i in offloaded)
+    return Placement(tuple(offloaded), total - moved, moved)
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.0f}MB"
+
+
+def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
+                   dtype: torch.dtype) -> torch.nn.Module:
+    """A `WhisperForConditionalGeneration` from a folder of safetensors files, with decoder layers offloaded.
+
+    Resident tensors are read one at a time into their own memory; offloaded layers go straight to their
+    store, so loading never holds the whole model. Module forwards (word alignment, transformers' generate)
+    still work: each offloaded layer carries accelerate's `AlignDevicesHook` over the same weights.
+
+    Raises:
+        OffloadError: see `plan_placement`.
+        OSError: the checkpoint cannot be read.
+    """
+    from accelerate.utils import set_module_tensor_to_device
+    from transformers import GenerationConfig, WhisperForConditionalGeneration
+
+    with torch.device("meta"):
+        model = WhisperForConditionalGeneration(config)
+    placement = plan_placement(model, options, dtype)
+    store = _new_store(options, device)
+    wanted = {i: {n for n, _ in model.get_decoder().layers[i].named_parameters()} for i in placement.offloaded}
+    pending: dict[int, dict[str, torch.Tensor]] = {i: {} for i in placement.offloaded}
+    for name, tensor in _checkpoint_tensors(folder):
+        if tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        index, rest = _layer_of(name)
+        if index in pending:
+            pending[index][rest] = tensor
+            if pending[index].keys() == wanted[index]:
+                store.add(index, pending.pop(index))
+        else:
+            set_module_tensor_to_device(model, name, device, value=tensor)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta and _layer_of(n)[0] not in store.layers]
+    if missing or pending:
+        raise OSError(f"{folder}: checkpoint lacks {', '.join(missing[:3]) or 'some offloaded layer weights'}")
+    generation = folder / "generation_config.json"
+    if generation.is_file():
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    _attach_hooks(model, store, device)
+    model._offload_store = store
+    model.eval()
+    logger.info("offloaded %d of %d decoder layers to %s (%s; %s resident)", len(placement.offloaded),
+                len(model.get_decoder().layers), options.device, _mb(placement.offloaded_bytes),
+                _mb(placement.resident_bytes))
+    return model
+
+
+def offload_store(model: torch.nn.Module) -> LayerStore | None:
+    """The store of `model`'s offloaded decoder layers, or None when every layer is resident."""
+    store = getattr(model, "_offload_store", None)
+    return store if store is not None and store.layers else None
+
+
+@contextlib.contextmanager
+def materialized(layer: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`layer` with its weights present, for code that reads a layer's parameters (a copy of the decoder):
+    an offloaded layer is brought in through its accelerate hook for the duration and sent back after."""
+    hook = getattr(layer, "_hf_hook", None)
+    if hook is None or not getattr(hook, "offload", False):
+        yield layer
+        return
+    hook.pre_forward(layer)
+    try:
+        yield layer
+    finally:
+        hook.post_forward(layer, None)
+
+
+def _new_store(options: OffloadOptions, device: str) -> LayerStore:
+    if options.device == "cpu":
+        return LayerStore(None, torch.device(device), prefetch=options.prefetch)
+    parent = Path(options.folder).expanduser() if options.folder else None
+    folder = Path(tempfile.mkdtemp(prefix="asr-offload-", dir=parent))
+    store = LayerStore(folder, torch.device(device), reader=options.reader, prefetch=options.prefetch,
+                       drop_page_cache=options.drop_page_cache)
+    # The layer files are this process's own copy: they go when the model does, or at exit.
+    weakref.finalize(store, shutil.rmtree, folder, ignore_errors=True)
+    return store
+
+
+def _attach_hooks(model: torch.nn.Module, store: LayerStore, device: str) -> None:
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+    from accelerate.utils import OffloadedWeightsLoader
+
+    layers = model.get_decoder().layers
+    for index, layer in store.layers.items():
+        if layer.path is None:
+            weights = layer.entries
+        else:
+            weights = OffloadedWeightsLoader(index={n: {"safetensors_file": str(layer.path), "weight_name": n}
+                                                    for n in layer.entries})
+        add_hook_to_module(layers[index], AlignDevicesHook(execution_device=device, offload=True,
+                                                           weights_map=weights, place_submodules=True))
+
+
+def _layer_of(name: str) -> tuple[int | None, str]:
+    """`model.decoder.layers.3.fc1.weight` -> (3, `fc1.weight`); (None, name) outside the decoder layers."""
+    if not name.startswith(_LAYERS):
+        return None, name
+    index, _, rest = name[len(_LAYERS):].partition(".")
+    return int(index), rest
+
+
+def _checkpoint_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a folder's safetensors checkpoint (one file or shards with an index), one at a time."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise OSError(f"{folder}: no model.safetensors (offloading reads safetensors checkpoints)")
+    for file in files:
+        header, start = safetensors_header(folder / file)
+        with open(folder / file, "rb") as handle:
+            for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+                yield name, read_tensor(handle, entry, start)

@@ -1,0 +1,242 @@
+"""`base` with its decoder layers offloaded to disk: pass costs, the resident assistant's step, and end to end.
+
+    python scripts/bench_offload.py [--threads 2] [--repeats 2] [--pass-repeats 9]
+        [--configs memory:none,disk:none,disk:auto] [--readers read,mmap,accelerate] [--out docs/offload.json]
+
+1. Per-pass cost, one process, configurations interleaved: the model's decoder in memory and offloaded to
+   disk through each reader (`asr.layer_store.READERS`) with and without prefetching the next layer, and
+   `read` with each layer file dropped from the page cache after it is read (`cold`: every read from the
+   disk); passes over 1 to 16 new tokens after 100 cached ones; and one step of the `self:int8` assistant.
+2. End to end on the three sonnets joined (158 s), each configuration `PLACE:ASSISTANT[:SCHEDULE:K]` in a
+   fresh process (PLACE: memory, disk or disk-cold), configurations interleaved over `--repeats` rounds:
+   wall time of `transcribe` after a 2 s warm-up, whether the words equal in-memory plain greedy's, and the
+   process's peak resident memory (VmHWM) after loading and at the end.
+
+Writes JSON to --out and the Markdown tables between the `bench` markers of docs/offload.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EVALDATA = REPO.parent / "shared" / "evaldata"
+WIDTHS = (1, 2, 4, 8, 12, 16)
+CACHED = 100
+MARKERS = ("<!-- bench:start -->", "<!-- bench:end -->")
+
+
+def _peak_mb() -> dict[str, float]:
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return {key: int(status[key].split()[0]) / 1024 for key in ("VmHWM", "VmRSS")}
+
+
+def _offload(place: str, reader: str = "read", prefetch: bool = True):
+    from asr.offload import OffloadOptions
+
+    if place == "memory":
+        return None
+    return OffloadOptions("disk", reader=reader, prefetch=prefetch, drop_page_cache=place == "disk-cold")
+
+
+def pass_costs(readers: list[str], repeats: int) -> dict:
+    """Median milliseconds per decoder pass by configuration and width, and of one int8 draft step."""
+    import torch
+
+    from asr.assistants import make_assistant
+    from asr.decoder import WhisperDecoderAdapter
+    from asr.registry import load_model
+
+    models = {"memory": load_model("base").model}
+    for reader in readers:
+        for prefetch in (True, False):
+            name = f"disk {reader}" + (" + prefetch" if prefetch else "")
+            models[name] = load_model("base", offload=_offload("disk", reader, prefetch)).model
+    models["disk-cold read + prefetch"] = load_model("base", offload=_offload("disk-cold")).model
+    int8 = make_assistant("self:int8", load_model("base", offload=_offload("disk")))
+    encoder_output = torch.randn(1, 1500, 512)
+    ids = torch.randint(0, 50000, (1, CACHED + max(WIDTHS)))
+    adapters = {name: WhisperDecoderAdapter(model, encoder_output) for name, model in models.items()}
+    adapters["self:int8 step"] = WhisperDecoderAdapter(int8.decoder_model, encoder_output.to(int8.dtype))
+    caches = {name: adapter.new_cache(1) for name, adapter in adapters.items()}
+    for name, adapter in adapters.items():
+        adapter.forward(ids[:, :CACHED], caches[name], 1)
+    times: dict[str, dict[int, list[float]]] = {name: {w: [] for w in WIDTHS} for name in adapters}
+    for _ in range(repeats + 1):  # the first round warms up
+        for width in WIDTHS:
+            for name, adapter in adapters.items():
+                if name == "self:int8 step" and width > 1:
+                    continue
+                adapter.crop(caches[name], CACHED)
+                start = time.perf_counter()
+                adapter.forward(ids[:, CACHED:CACHED + width], caches[name], width)
+                times[name][width].append((time.perf_counter() - start) * 1000)
+    return {name: {w: statistics.median(t[1:]) for w, t in by_width.items() if t} for name, by_width in times.items()}
+
+
+def child(config: str, threads: int) -> None:
+    """One end-to-end run in this process; prints one JSON line."""
+    import numpy as np
+    import torch
+
+    from asr.assistants import make_assistant
+    from asr.options import TranscribeOptions
+    from asr.registry import load_model
+    from asr.transcribe import transcribe
+    from audio import load_audio
+
+    torch.set_num_threads(threads)
+    place, spec, *drafting = config.split(":")
+    options = TranscribeOptions(schedule=drafting[0], num_assistant_tokens=int(drafting[1])) if drafting \
+        else TranscribeOptions()
+    audio = np.concatenate([load_audio(EVALDATA / "longform" / f"p00{i}.mp3") for i in (1, 2, 3)])
+    start = time.perf_counter()
+    bundle = load_model("base", offload=_offload(place))
+    assistant = make_assistant(spec, bundle)
+    loaded = time.perf_counter() - start
+    after_load = _peak_mb()
+    transcribe(bundle, audio[: 2 * 16000], options, assistant)  # warm-up
+    start = time.perf_counter()
+    result = transcribe(bundle, audio, options, assistant)
+    seconds = time.perf_counter() - start
+    g = result.stats.generation
+    print(json.dumps({
+        "config": config, "seconds": seconds, "load_seconds": loaded, "text": result.text,
+        "assistant": getattr(assistant, "name", "none"), "drafting": options.drafting(getattr(assistant, "schedule", None)),
+        "peak_mb_after_load": after_load["VmHWM"], "peak_mb": _peak_mb()["VmHWM"],
+        "encode_seconds": result.stats.encode_seconds, "model_seconds": g.model_seconds,
+        "assistant_seconds": g.assistant_seconds, "generated_tokens": g.generated_tokens,
+        "model_passes": g.model_forward_passes, "acceptance": g.acceptance_rate if g.drafted_tokens else None,
+    }))
+
+
+def end_to_end(configs: list[str], repeats: int, threads: int, log: Path) -> list[dict]:
+    """Every configuration in a fresh process, interleaved; each run is also appended to `log` as it ends."""
+    runs = []
+    log.write_text("")
+    for repeat in range(repeats):
+        for config in configs:
+            out = subprocess.run([sys.executable, __file__, "--child", config, "--threads", str(threads)],
+                                 capture_output=True, text=True, check=True, cwd=REPO)
+            run = json.loads(out.stdout.strip().splitlines()[-1])
+            run["repeat"] = repeat
+            with log.open("a") as handle:
+                handle.write(json.dumps(run) + "\n")
+            print(f"{repeat} {config:28s} {run['seconds']:7.2f} s  peak {run['peak_mb']:.0f} MB", flush=True)
+            runs.append(run)
+    return runs
+
+
+def summarize(runs: list[dict], configs: list[str]) -> list[dict]:
+    reference = next(r["text"] for r in runs if r["config"] == configs[0])
+    rows = []
+    for config in configs:
+        mine = [r for r in runs if r["config"] == config]
+        rows.append({
+            "config": config, "median_seconds": statistics.median(r["seconds"] for r in mine),
+            "seconds": [r["seconds"] for r in mine], "same_words": all(r["text"] == reference for r in mine),
+            "peak_mb": statistics.median(r["peak_mb"] for r in mine),
+            "peak_mb_after_load": statistics.median(r["peak_mb_after_load"] for r in mine),
+            **{k: mine[-1][k] for k in ("assistant", "drafting", "model_passes", "generated_tokens", "acceptance",
+                                        "encode_seconds", "model_seconds", "assistant_seconds", "load_seconds")},
+        })
+    return rows
+
+
+def markdown(result: dict) -> str:
+    passes, rows = result["pass_ms"], result["end_to_end"]
+    lines = [f"`{result['command']}` — {result['cpu']}, {result['threads']} threads, torch {result['torch']}, "
+             f"{result['date']}.", "",
+             f"Milliseconds per decoder pass of `base` over k new tokens after {CACHED} cached ones (medians):", "",
+             "| decoder | " + " | ".join(f"k={w}" for w in WIDTHS) + " |",
+             "| --- | " + " | ".join("---:" for _ in WIDTHS) + " |"]
+    for name, by_width in passes.items():
+        cells = [f"{by_width[str(w)]:.1f}" if str(w) in by_width else "" for w in WIDTHS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    memory = next(r for r in rows if r["config"].startswith("memory:none"))
+    plain = {r["config"].split(":")[0]: r for r in rows if r["config"].split(":")[1] == "none"}
+    lines += ["", "The sonnets (158 s), each configuration in its own process, medians of "
+              f"{len(rows[0]['seconds'])} interleaved runs:", "",
+              "| configuration | assistant, drafting | median s | runs s | time / in-memory greedy's "
+              "| speed-up over greedy, same placement | same words | model passes / tokens | acceptance "
+              "| peak RSS MB (after audio and load) |",
+              "| --- | --- | ---: | --- | ---: | ---: | --- | --- | ---: | ---: |"]
+    for r in rows:
+        versus = f"{r['median_seconds'] / memory['median_seconds']:.2f}"
+        same_place = plain.get(r["config"].split(":")[0])
+        against = "" if same_place is None else f"{same_place['median_seconds'] / r['median_seconds']:.2f}x"
+        acceptance = "-" if r["acceptance"] is None else f"{100 * r['acceptance']:.0f} %"
+        drafting = "-" if r["assistant"] == "none" else f"{r['assistant']}, {r['drafting'][0]} k={r['drafting'][1]}"
+        lines.append(f"| `{r['config']}` | {drafting} | {r['median_seconds']:.2f} | "
+                     f"{' / '.join(f'{s:.1f}' for s in r['seconds'])} | {versus} | {against} | "
+                     f"{'yes' if r['same_words'] else 'NO'} | {r['model_passes']} / {r['generated_tokens']} | "
+                     f"{acceptance} | {r['peak_mb']:.0f} ({r['peak_mb_after_load']:.0f}) |")
+    return "\n".join(lines)
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--pass-repeats", type=int, default=9)
+    parser.add_argument("--configs", default="memory:none,disk:none,disk:auto")
+    parser.add_argument("--readers", default="read,mmap,accelerate")
+    parser.add_argument("--out", default=str(REPO / "docs" / "offload.json"))
+    parser.add_argument("--doc", default=str(REPO / "docs" / "offload.md"))
+    parser.add_argument("--render", default=None, metavar="JSON",
+                        help="Only rewrite --doc's tables from an earlier run's JSON.")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.threads)
+        return
+    if args.render:
+        _write_doc(Path(args.doc), markdown(json.loads(Path(args.render).read_text())))
+        return
+    import torch
+
+    torch.set_num_threads(args.threads)
+    configs = args.configs.split(",")
+    if not configs[0].startswith("memory:none"):
+        raise SystemExit("--configs must start with memory:none (the reference for words and speed)")
+    passes = pass_costs(args.readers.split(","), args.pass_repeats)
+    for name, by_width in passes.items():
+        print(f"{name:28s} " + "  ".join(f"{w}:{ms:.1f}" for w, ms in by_width.items()), flush=True)
+    runs = end_to_end(configs, args.repeats, args.threads, Path(args.out).with_suffix(".runs.jsonl"))
+    result = {
+        "command": "python scripts/bench_offload.py " + " ".join(sys.argv[1:]), "cpu": _cpu(),
+        "threads": args.threads, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "pass_ms": {name: {str(w): ms for w, ms in by_width.items()} for name, by_width in passes.items()},
+        "end_to_end": summarize(runs, configs), "runs": [{k: v for k, v in r.items() if k != "text"} for r in runs],
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    table = markdown(result)
+    print(table)
+    _write_doc(Path(args.doc), table)
+
+
+def _write_doc(doc: Path, table: str) -> None:
+    """Puts `table` between the bench markers of `doc` (left alone when it has none)."""
+    if doc.is_file() and all(m in doc.read_text() for m in MARKERS):
+        text = doc.read_text()
+        head, rest = text.split(MARKERS[0], 1)
+        doc.write_text(f"{head}{MARKERS[0]}\n{table}\n{MARKERS[1]}{rest.split(MARKERS[1], 1)[1]}")
+
+
+if __name__ == "__main__":
+    main()
