@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from audio.vad import VadOptions
 from decoding.schedule import make_schedule
 
 TASKS = ("transcribe", "translate")
 # Drafting when neither the options nor the assistant say otherwise: the seeds' heuristic, from 5 drafts.
 DEFAULT_SCHEDULE = ("heuristic", 5)
+# The VAD rules of the batched mode when none are given: short pauses end a region so that chunks can be cut
+# there, and no region is longer than a window (faster-whisper's `BatchedInferencePipeline` defaults).
+BATCHED_VAD = VadOptions(min_silence_duration_ms=160, max_speech_duration_s=30.0)
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,13 @@ class TranscribeOptions:
     num_assistant_tokens: int | None = None
     # Seed for sampled (fallback) windows, for reproducible runs.
     seed: int | None = 0
+    # Voice activity detection: None decodes all the audio; VadOptions() decodes Silero VAD's speech regions
+    # only (laid end to end, times mapped back to the recording), or sets the chunking rules of the batched mode.
+    vad: VadOptions | None = None
+    # Batched long-form: None runs the sequential algorithm; N cuts the speech (VAD implied, BATCHED_VAD unless
+    # `vad` is given) into chunks of at most 30 s at pauses and decodes N chunks at a time, each without the
+    # previous chunk's text.
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -51,9 +62,18 @@ class TranscribeOptions:
         if self.word_timestamps and not self.timestamps:
             raise ValueError("word timestamps need timestamps; drop --without-timestamps")
         make_schedule(*self.drafting())
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
 
     def drafting(self, preferred: tuple[str, int] | None = None) -> tuple[str, int]:
         """(schedule, k): what was asked for, else the assistant's `preferred` drafting, else DEFAULT_SCHEDULE."""
         schedule, k = preferred or DEFAULT_SCHEDULE
         return (schedule if self.schedule is None else self.schedule,
                 k if self.num_assistant_tokens is None else self.num_assistant_tokens)
+
+    @property
+    def chunk_vad(self) -> VadOptions:
+        """The VAD rules of the batched mode: the given ones with regions capped at a window, else BATCHED_VAD."""
+        if self.vad is None:
+            return BATCHED_VAD
+        return replace(self.vad, max_speech_duration_s=min(self.vad.max_speech_duration_s, 30.0))

@@ -50,7 +50,9 @@ class TranscriptionStats:
     # Length of the audio, and the number of 30 s windows decoded (temperature fallbacks count once).
     audio_seconds: float = 0.0
     windows: int = 0
-    # Encoder passes (model and assistant), decoding, and the whole call, feature extraction included.
+    # Voice activity detection, encoder passes (model and assistant), decoding, and the whole call, feature
+    # extraction included.
+    vad_seconds: float = 0.0
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -63,7 +65,7 @@ class TranscriptionStats:
     def add(self, other: "TranscriptionStats") -> None:
         """Accumulates another transcription's statistics into this one."""
         self.generation.add(other.generation)
-        for name in ("audio_seconds", "windows", "encode_seconds", "decode_seconds", "total_seconds"):
+        for name in ("audio_seconds", "windows", "vad_seconds", "encode_seconds", "decode_seconds", "total_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,6 +74,7 @@ class TranscriptionStats:
         data.update(
             audio_seconds=round(self.audio_seconds, 3),
             windows=self.windows,
+            vad_seconds=round(self.vad_seconds, 4),
             encode_seconds=round(self.encode_seconds, 4),
             decode_seconds=round(self.decode_seconds, 4),
             total_seconds=round(self.total_seconds, 4),

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from asr.alignment import add_word_timestamps
 from asr.assistants import WindowContext
+from asr.chunks import SpeechMap
 from asr.decoder import WhisperDecoderAdapter, detect_languages, encode
 from asr.logit_rules import whisper_filters
 from asr.options import TranscribeOptions
@@ -26,6 +26,7 @@ from asr.results import Segment, Transcript, TranscriptionStats
 from asr.segments import split_segments
 from asr.window import FallbackRules, decode_windows, no_speech_skip
 from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
+from audio.vad import speech_regions
 from decoding import DraftSource
 
 logger = logging.getLogger(__name__)
@@ -131,29 +132,83 @@ def transcribe_many(
     initial = []
     if options.initial_prompt:
         initial = bundle.tokenizer.encode(" " + options.initial_prompt.strip(), add_special_tokens=False)
-    items = [_Item(index, load_audio(audio), language, options, initial) for index, audio in enumerate(audios)]
+    samples = [load_audio(audio) for audio in audios]
     decoder = _WindowDecoder(bundle, options, assistant, window_observer)
-    waiting = deque(items)
-    active: list[_Item] = []
-    while waiting or active:
-        while waiting and len(active) < batch_size:
-            active.append(waiting.popleft())
-        active = [item for item in active if item.next_window()]
-        if not active:
-            continue
-        decoder.decode(active)
+    if options.batch_size is not None:
+        from asr.chunked import transcribe_chunked
+
+        return transcribe_chunked(decoder, samples, language, initial, progress)
+    items = [_sequential_item(index, audio, language, options, initial) for index, audio in enumerate(samples)]
+
+    def report(_: list[_Item]) -> None:
         if progress is not None and len(items) == 1:
             progress(items[0].done_seconds, items[0].stats.audio_seconds)
+
+    decode_items(decoder, items, batch_size, after_batch=report)
     return [item.transcript() for item in items]
+
+
+def decode_items(decoder: _WindowDecoder, items: Iterable[_Item], batch_size: int,
+                 after_batch: Callable[[list[_Item]], None] | None = None,
+                 on_finished: Callable[[_Item], None] | None = None) -> None:
+    """Decodes the items' windows, up to `batch_size` items at a time, until every item is done.
+
+    Items are taken from `items` only as places in the batch free up (so they can be made lazily); an item
+    that finishes leaves the batch before the next decode and a waiting one takes its place.
+
+    Args:
+        decoder: the window decoder.
+        items: the items, taken in order.
+        batch_size: most items decoded together.
+        after_batch: called with the batch after each decode.
+        on_finished: called once with each item when it has no window left.
+    """
+    waiting = iter(items)
+    active: list[_Item] = []
+    while True:
+        still = []
+        for item in active:
+            if item.next_window():
+                still.append(item)
+            elif on_finished is not None:
+                on_finished(item)
+        active = still
+        while len(active) < batch_size and (item := next(waiting, None)) is not None:
+            if item.next_window():
+                active.append(item)
+            elif on_finished is not None:
+                on_finished(item)
+        if not active:
+            return
+        decoder.decode(active)
+        if after_batch is not None:
+            after_batch(active)
+
+
+def _sequential_item(index: int, samples: np.ndarray, language: str | None, options: TranscribeOptions,
+                     initial: list[int]) -> _Item:
+    """An audio's item for the sequential algorithm: all of it, or with `options.vad` its speech only."""
+    if options.vad is None:
+        return _Item(index, samples, language, options, initial)
+    start = time.perf_counter()
+    speech_map = SpeechMap(speech_regions(samples, options.vad))
+    item = _Item(index, speech_map.speech(samples), language, options, initial, speech_map)
+    item.start = start
+    item.stats.audio_seconds = len(samples) / SAMPLE_RATE
+    item.stats.vad_seconds = time.perf_counter() - start
+    logger.info("VAD: %.1f s of speech in %.1f s", len(item.samples) / SAMPLE_RATE, item.stats.audio_seconds)
+    return item
 
 
 class _Item:
     """One audio's progress through the sequential algorithm."""
 
     def __init__(self, index: int, samples: np.ndarray, language: str | None, options: TranscribeOptions,
-                 initial_prompt: list[int]) -> None:
+                 initial_prompt: list[int], speech_map: SpeechMap | None = None) -> None:
         self.index = index
         self.start = time.perf_counter()
+        # With VAD, `samples` is the speech only; the map gives times in the recording.
+        self.speech_map = speech_map
         self.samples = samples
         self.options = options
         self.language = language
@@ -169,7 +224,10 @@ class _Item:
 
     @property
     def done_seconds(self) -> float:
-        return min(self.seek, self.content_frames) * HOP_LENGTH / SAMPLE_RATE
+        done = min(self.seek, self.content_frames) * HOP_LENGTH / SAMPLE_RATE
+        if self.speech_map is not None:
+            return self.stats.audio_seconds if self.seek >= self.content_frames else self.speech_map.original_time(done)
+        return done
 
     @property
     def window(self) -> np.ndarray:
@@ -200,6 +258,9 @@ class _Item:
         self.seek += advance
 
     def transcript(self) -> Transcript:
+        if self.speech_map is not None:
+            self.speech_map.restore(self.segments)
+            self.speech_map = None
         self.stats.total_seconds = (self.finished_at or time.perf_counter()) - self.start
         text = "".join(segment.text for segment in self.segments)
         return Transcript(text, self.language or "en", self.segments, self.stats, self.language_probs)
@@ -219,6 +280,15 @@ class _WindowDecoder:
 
     def decode_text(self, tokens: list[int]) -> str:
         return self.bundle.tokenizer.decode(tokens)
+
+    def detect_language(self, window: np.ndarray) -> tuple[str, dict[str, float]]:
+        """The language of one window of samples, and the probability of each language code."""
+        features = log_mel([window], self.bundle.n_mels)
+        decoder = WhisperDecoderAdapter(self.bundle.model, encode(self.bundle.model, features))
+        (language, probs), = detect_languages(decoder.rows([0]), self.bundle.special.sot,
+                                              self.bundle.special.languages)
+        logger.info("detected language %s (p=%.2f)", language, probs[language])
+        return language, probs
 
     def decode(self, items: list[_Item]) -> None:
         bundle, options, special = self.bundle, self.options, self.bundle.special
