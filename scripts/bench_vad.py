@@ -1,0 +1,221 @@
+"""Long files: sequential greedy against `--vad` and `--batch-size`, and faster-whisper's batched pipeline.
+
+    python scripts/bench_vad.py [--repeats 1] [--threads 2] [--batch-size 8] [--out docs/bench-vad]
+
+Recordings (English, with references, from ../shared/evaldata/longform): the three sonnets joined (158 s), the
+VoxPopuli speech (69 s), and a ~10-minute file made of those pieces one after another with pauses of 2-8 s
+between them, repeated. Model `base`, fp32 on the CPU, language given (en), greedy with temperature fallback.
+Per recording and repeat the configurations run one after the other in a rotating order (interleaved), after
+a warm-up of each on the first 30 s; the table gives medians over repeats, WER with the project's normaliser,
+and the speed-up against sequential greedy on the same recording. Silero VAD's own cost is measured apart for
+its three backends on the same audio. Writes OUT.json and OUT.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+EVALDATA = REPO.parent / "shared" / "evaldata"
+SAMPLE_RATE = 16000
+
+
+def recordings() -> dict[str, tuple[np.ndarray, str]]:
+    """name -> (samples, reference)."""
+    from audio import load_audio
+
+    root = EVALDATA / "longform"
+    rows = {json.loads(line)["audio"]: json.loads(line) for line in (root / "manifest.jsonl").read_text().splitlines()
+            if line.strip()}
+    pieces = [(load_audio(root / f"p00{i}.mp3"), rows[f"p00{i}.mp3"]["text_body"]) for i in (1, 2, 3)]
+    vox = (load_audio(root / "voxpopuli-en-000.ogg"), rows["voxpopuli-en-000.ogg"]["text"])
+    sonnets = (np.concatenate([p[0] for p in pieces]), " ".join(p[1] for p in pieces))
+    # ~10 minutes: every piece in turn with a pause of 2, 4, 6 or 8 s after it (silence and light noise, as
+    # between the takes of a recording), until 600 s.
+    rng = np.random.default_rng(0)
+    parts, texts, length, turn = [], [], 0, 0
+    while length < 600 * SAMPLE_RATE:
+        samples, text = (pieces + [vox])[turn % 4]
+        pause = (rng.normal(0, 0.002, (2 + 2 * (turn % 4)) * SAMPLE_RATE)).astype(np.float32)
+        parts += [samples, pause]
+        texts.append(text)
+        length += len(samples) + len(pause)
+        turn += 1
+    ten = (np.concatenate(parts), " ".join(texts))
+    return {"sonnets": sonnets, "voxpopuli": vox, "ten-minutes": ten}
+
+
+class Ours:
+    def __init__(self, name: str, bundle, options, assistant=None) -> None:
+        self.name, self.bundle, self.options, self.assistant = name, bundle, options, assistant
+
+    def run(self, samples: np.ndarray) -> dict:
+        from asr.transcribe import transcribe
+
+        result = transcribe(self.bundle, samples, self.options, self.assistant)
+        lengths = [s.end - s.start for s in result.segments]
+        return {"text": result.text, "segments": len(result.segments), "windows": result.stats.windows,
+                "tokens": result.stats.generation.generated_tokens, "vad_seconds": result.stats.vad_seconds,
+                "max_segment_s": max(lengths, default=0.0),
+                "median_segment_s": statistics.median(lengths) if lengths else 0.0}
+
+
+class FasterWhisperBatched:
+    def __init__(self, name: str, compute_type: str, batch_size: int, threads: int) -> None:
+        from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+        from eval.backends import ct2_folder
+
+        self.name, self.batch_size = name, batch_size
+        model = WhisperModel(str(ct2_folder("base")), device="cpu", compute_type=compute_type, cpu_threads=threads,
+                             local_files_only=True)
+        self.pipeline = BatchedInferencePipeline(model)
+
+    def run(self, samples: np.ndarray) -> dict:
+        # Greedy (beam 1) like ours; otherwise its defaults (no timestamp tokens, its VAD settings).
+        segments, _ = self.pipeline.transcribe(samples, language="en", batch_size=self.batch_size, beam_size=1)
+        segments = list(segments)
+        lengths = [s.end - s.start for s in segments]
+        return {"text": "".join(s.text for s in segments), "segments": len(segments), "windows": None,
+                "tokens": sum(len(s.tokens) for s in segments), "vad_seconds": None,
+                "max_segment_s": max(lengths, default=0.0),
+                "median_segment_s": statistics.median(lengths) if lengths else 0.0}
+
+
+def vad_costs(audios: dict[str, tuple[np.ndarray, str]]) -> list[dict]:
+    """Seconds of Silero VAD per backend on each recording (second call: the first loads the model)."""
+    from asr.options import BATCHED_VAD
+    from audio.vad import BACKENDS, speech_regions
+
+    rows = []
+    for backend in BACKENDS:
+        speech_regions(audios["voxpopuli"][0][: 5 * SAMPLE_RATE], BATCHED_VAD, backend)
+    for name, (samples, _) in audios.items():
+        for backend in BACKENDS:
+            start = time.perf_counter()
+            regions = speech_regions(samples, BATCHED_VAD, backend)
+            seconds = time.perf_counter() - start
+            rows.append({"recording": name, "backend": backend, "seconds": seconds,
+                         "rtf": seconds / (len(samples) / SAMPLE_RATE), "regions": len(regions)})
+            print(f"VAD {backend} on {name}: {seconds:.2f} s", file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--only", default=None, help="comma-separated recordings (default: all three)")
+    parser.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
+    parser.add_argument("--out", default=str(REPO / "docs" / "bench-vad"), help="writes OUT.json and OUT.md")
+    args = parser.parse_args()
+
+    import torch
+
+    from asr.options import TranscribeOptions
+    from asr.registry import load_model
+    from audio.vad import VadOptions
+    from eval.wer import error_counts
+
+    torch.set_num_threads(args.threads)
+    audios = recordings()
+    if args.only:
+        audios = {name: audios[name] for name in args.only.split(",")}
+    bundle = load_model("base")
+    n = args.batch_size
+    greedy = TranscribeOptions(language="en")
+    configs = [
+        Ours("greedy (sequential)", bundle, greedy),
+        Ours("greedy --vad", bundle, TranscribeOptions(language="en", vad=VadOptions())),
+        Ours(f"--batch-size {n}", bundle, TranscribeOptions(language="en", batch_size=n)),
+        Ours(f"--batch-size {n} --without-timestamps", bundle,
+             TranscribeOptions(language="en", batch_size=n, timestamps=False)),
+        FasterWhisperBatched(f"faster-whisper batched {n} fp32", "float32", n, args.threads),
+        FasterWhisperBatched(f"faster-whisper batched {n} int8", "int8", n, args.threads),
+    ]
+    if args.configs:
+        wanted = args.configs.split(",")
+        configs = [c for c in configs if c.name in wanted]
+    vad_rows = vad_costs(audios)
+    warm = next(iter(audios.values()))[0][: 30 * SAMPLE_RATE]
+    for config in configs:
+        config.run(warm)
+    runs: list[dict] = []
+    for repeat in range(args.repeats):
+        for position, (name, (samples, reference)) in enumerate(audios.items()):
+            start = (repeat + position) % len(configs)
+            for config in configs[start:] + configs[:start]:
+                begin = time.perf_counter()
+                out = config.run(samples)
+                seconds = time.perf_counter() - begin
+                out.update(config=config.name, recording=name, repeat=repeat, seconds=seconds,
+                           audio_seconds=len(samples) / SAMPLE_RATE,
+                           wer=error_counts([reference], [out["text"]]).rate)
+                runs.append(out)
+                print(f"{name} {config.name}: {seconds:.1f} s, WER {100 * out['wer']:.2f} %", file=sys.stderr)
+    write(args, runs, vad_rows, [c.name for c in configs], audios)
+
+
+def summary(runs: list[dict], names: list[str], recordings: list[str]) -> list[dict]:
+    rows = []
+    for recording in recordings:
+        base = statistics.median(r["seconds"] for r in runs if r["recording"] == recording and r["config"] == names[0])
+        for name in names:
+            mine = [r for r in runs if r["recording"] == recording and r["config"] == name]
+            seconds = statistics.median(r["seconds"] for r in mine)
+            first = mine[0]
+            rows.append({"recording": recording, "config": name, "seconds": seconds,
+                         "rtf": seconds / first["audio_seconds"], "speedup": base / seconds, "wer": first["wer"],
+                         "segments": first["segments"], "median_segment_s": first["median_segment_s"],
+                         "max_segment_s": first["max_segment_s"], "tokens": first["tokens"],
+                         "windows": first["windows"], "audio_seconds": first["audio_seconds"]})
+    return rows
+
+
+def write(args, runs: list[dict], vad_rows: list[dict], names: list[str], audios: dict) -> None:
+    import faster_whisper
+    import torch
+    import transformers
+
+    rows = summary(runs, names, list(audios))
+    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True)
+                .stdout.splitlines() if line.startswith("Model name")), platform.processor())
+    meta = {"command": " ".join(["python", "scripts/bench_vad.py", *sys.argv[1:]]), "cpu": cpu,
+            "threads": args.threads, "repeats": args.repeats, "torch": torch.__version__,
+            "transformers": transformers.__version__, "faster_whisper": faster_whisper.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"run": meta, "summary": rows, "runs": [
+        {k: v for k, v in r.items() if k != "text"} for r in runs], "vad": vad_rows}, indent=1) + "\n")
+    lines = [f"Generated by `{meta['command']}` on {cpu}, {args.threads} threads, torch {meta['torch']}, "
+             f"transformers {meta['transformers']}, faster-whisper {meta['faster_whisper']}, {meta['date']}; "
+             f"medians of {args.repeats} interleaved repeat(s). Model `base`, fp32 unless named, language en.", "",
+             "| recording | configuration | s | RTF | speed-up vs sequential | WER | segments | median / max segment s "
+             "| tokens | windows |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['recording']} ({r['audio_seconds']:.0f} s) | {r['config']} | {r['seconds']:.2f} | "
+                     f"{r['rtf']:.4f} | {r['speedup']:.2f}x | {100 * r['wer']:.2f} % | {r['segments']} | "
+                     f"{r['median_segment_s']:.1f} / {r['max_segment_s']:.1f} | {r['tokens']} | "
+                     f"{'-' if r['windows'] is None else r['windows']} |")
+    lines += ["", "Silero VAD alone (the batched mode's rules), seconds and RTF:", "",
+              "| recording | backend | s | RTF | regions |", "| --- | --- | ---: | ---: | ---: |"]
+    for r in vad_rows:
+        lines.append(f"| {r['recording']} | {r['backend']} | {r['seconds']:.3f} | {r['rtf']:.4f} | {r['regions']} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
