@@ -26,6 +26,9 @@ from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload, setup_r
 @click.option("--word-timestamps", is_flag=True, help="Add word-level times to the segments.")
 @click.option("--segments", is_flag=True, help="Keep each item's segments in its row.")
 @click.option("--batch-size", default=1, show_default=True, type=int, help="Items transcribed together.")
+@click.option("--chunked", is_flag=True,
+              help="Cut items longer than 30 s into speech chunks (Silero VAD) that share the batch with other "
+                   "items; faster for long items, whose words may differ from the sequential mode.")
 @click.option("--workers", default=2, show_default=True, type=int,
               help="Threads decoding audio ahead of the model (0: decode inline).")
 @click.option("--resume", is_flag=True, help="Continue an earlier run: skip the ids already in --output.")
@@ -41,8 +44,8 @@ from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload, setup_r
               help="Torch CPU threads per process (default: the cores shared among the processes on this machine).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def batch_command(source, output, model, assistant, language, task, without_timestamps, word_timestamps, segments,
-                  batch_size, workers, resume, overwrite, audio_column, text_column, split, device, dtype, offload,
-                  offload_folder, max_memory, threads, quiet) -> None:
+                  batch_size, chunked, workers, resume, overwrite, audio_column, text_column, split, device, dtype,
+                  offload, offload_folder, max_memory, threads, quiet) -> None:
     """Transcribe every item of SOURCE (a folder, a JSONL/CSV manifest, or a dataset) into one JSON row each.
 
     A failed item gets a row with `error` and the run goes on. Under
@@ -62,7 +65,7 @@ def batch_command(source, output, model, assistant, language, task, without_time
         batch = BatchOptions(audio_column=audio_column, text_column=text_column, split=split, batch_size=batch_size,
                              workers=workers, segments=segments, resume=resume, overwrite=overwrite, progress=not quiet)
         options = TranscribeOptions(language=language, task=task, timestamps=not without_timestamps,
-                                    word_timestamps=word_timestamps)
+                                    word_timestamps=word_timestamps, batch_size=batch_size if chunked else None)
         prepare_output(output_path, batch, processes)
     except ValueError as error:
         raise click.ClickException(str(error)) from None

@@ -9,6 +9,9 @@ chunk; when the model stops at a timestamp before the chunk's end, leaving the r
 rest is decoded as one, after the chunk's earlier text, as the sequential algorithm would),
 temperature fallback, the no-speech check and word timestamps, all in the recording's time.
 
+A recording no longer than a window is one chunk, decoded whole as the sequential mode would (so a batch of
+short clips gives the sequential words), unless the VAD finds no speech in it at all.
+
 Chunks are made as places in the batch free up, and each one's features and encoder output live only while
 it is decoded: memory does not grow with the length of the recording.
 """
@@ -116,6 +119,10 @@ def _chunk_items(files: list[_File], decoder: _WindowDecoder, options, initial_p
         start = time.perf_counter()
         regions = speech_regions(file.samples, options.chunk_vad)
         chunks = merge_chunks(regions, N_SAMPLES)
+        if chunks and len(file.samples) <= N_SAMPLES:
+            # A clip that fits one window is decoded whole, as the sequential mode decodes it (the same words);
+            # the VAD only says whether it holds speech at all.
+            chunks = [Chunk(0, len(file.samples))]
         file.stats.vad_seconds += time.perf_counter() - start
         file.results = [None] * len(chunks)
         logger.info("VAD: %d speech chunk(s), %.1f s of %.1f s", len(chunks),

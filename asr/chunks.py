@@ -94,18 +94,36 @@ class SpeechMap:
         """
         if not self.regions:
             return seconds
-        position = seconds * SAMPLE_RATE
-        find = bisect.bisect_left if is_end else bisect.bisect_right
-        index = min(max(find(self.starts, position) - 1, 0), len(self.regions) - 1)
-        return (self.regions[index].start + position - self.starts[index]) / SAMPLE_RATE
+        index = self._region(seconds, is_end)
+        return (self.regions[index].start + seconds * SAMPLE_RATE - self.starts[index]) / SAMPLE_RATE
 
     def restore(self, segments: list[Segment]) -> None:
-        """Moves segments (and words) from the speech-only time line to the recording's."""
+        """Moves segments (and words) from the speech-only time line to the recording's.
+
+        A segment that crosses the join of two regions would span the silence between them (Whisper's segment
+        times are coarse near a join): it is kept to the region that holds most of it. Words are mapped one
+        by one.
+        """
         for segment in segments:
             segment.seek = round(self.original_time(segment.seek * HOP_LENGTH / SAMPLE_RATE) * SAMPLE_RATE) \
                 // HOP_LENGTH
-            segment.start = round(self.original_time(segment.start), 3)
-            segment.end = round(self.original_time(segment.end, is_end=True), 3)
+            first, last = self._region(segment.start), self._region(segment.end, is_end=True)
+            start, end = self.original_time(segment.start), self.original_time(segment.end, is_end=True)
+            if first < last:
+                span = (segment.start * SAMPLE_RATE, segment.end * SAMPLE_RATE)
+                overlaps = [min(span[1], self.starts[k + 1]) - max(span[0], self.starts[k])
+                            for k in range(first, last + 1)]
+                kept = first + int(np.argmax(overlaps))
+                if kept > first:
+                    start = self.regions[kept].start / SAMPLE_RATE
+                if kept < last:
+                    end = self.regions[kept].end / SAMPLE_RATE
+            segment.start, segment.end = round(start, 3), round(end, 3)
             for word in segment.words or []:
                 word.start = round(self.original_time(word.start), 3)
                 word.end = round(self.original_time(word.end, is_end=True), 3)
+
+    def _region(self, seconds: float, is_end: bool = False) -> int:
+        """Index of the region an instant of the speech-only audio falls in (see `original_time`)."""
+        find = bisect.bisect_left if is_end else bisect.bisect_right
+        return min(max(find(self.starts, seconds * SAMPLE_RATE) - 1, 0), max(len(self.regions) - 1, 0))

@@ -1,6 +1,7 @@
 """The decoders an evaluation compares, behind one interface: samples in, text and costs out.
 
-- `LibraryBackend`: this project's `asr.transcribe.transcribe`, plain or assisted.
+- `LibraryBackend`: this project's `asr.transcribe.transcribe`, plain or assisted, sequential (optionally after
+  VAD) or batched.
 - `TransformersBackend`: transformers' own `WhisperForConditionalGeneration.generate`, with or without
   `assistant_model`, on the same loaded model (design.md §5-7: the baseline to beat).
 - `FasterWhisperBackend`: CTranslate2 through faster-whisper, greedy (beam 1), as an outside speed anchor.
@@ -79,6 +80,12 @@ class LibraryBackend:
             options = replace(options, num_assistant_tokens=config.num_assistant_tokens)
         if config.temperature is not None:
             options = replace(options, temperatures=(config.temperature,))
+        if config.vad:
+            from audio.vad import VadOptions
+
+            options = replace(options, vad=VadOptions())
+        if config.kind == "batched":
+            options = replace(options, batch_size=config.batch_size, timestamps=config.timestamps)
         self.options = options
 
     def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
@@ -237,7 +244,8 @@ class _PassCounter:
 
 
 class FasterWhisperBackend:
-    """faster-whisper (CTranslate2) on the same weights, greedy: beam 1, the same temperature fallback."""
+    """faster-whisper (CTranslate2) on the same weights, greedy: beam 1, the same temperature fallback; with
+    `batched=N` its `BatchedInferencePipeline` (its VAD, chunks of 30 s, its defaults otherwise)."""
 
     def __init__(self, config: EvalConfig, model_name: str, device: str, threads: int) -> None:
         try:
@@ -257,9 +265,18 @@ class FasterWhisperBackend:
                                       cpu_threads=threads, local_files_only=True)
         except ValueError as error:  # CTranslate2 names a compute type it cannot use here
             raise BackendUnavailable(f"faster-whisper cannot load {folder}: {error}") from None
+        self.pipeline = None
+        if config.batch_size is not None:
+            from faster_whisper import BatchedInferencePipeline
+
+            self.pipeline = BatchedInferencePipeline(self.model)
 
     def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
-        segments, info = self.model.transcribe(samples, language=language, beam_size=1, vad_filter=False)
+        if self.pipeline is not None:
+            segments, info = self.pipeline.transcribe(samples, language=language, beam_size=1,
+                                                      batch_size=self.config.batch_size)
+        else:
+            segments, info = self.model.transcribe(samples, language=language, beam_size=1, vad_filter=False)
         segments = list(segments)  # the generator decodes as it is consumed
         return Decoded(text="".join(s.text for s in segments), language=info.language,
                        generated_tokens=sum(len(s.tokens) for s in segments))
@@ -333,9 +350,9 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, de
     skipped: dict[str, str] = {}
     for config in configs:
         try:
-            if config.kind in ("greedy", "assisted"):
+            if config.kind in ("greedy", "assisted", "batched"):
                 assistant = None
-                if config.kind == "assisted":
+                if config.uses_assistant:
                     if config.assistant not in assistants:
                         assistants[config.assistant] = make_assistant(config.assistant, bundle, device=device,
                                                                       dtype=dtype)

@@ -18,9 +18,10 @@ from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload
 @click.argument("sources", nargs=-1, required=True)
 @click.option("--model", default="base", show_default=True, help="Model name (see `asr models`), hub id or folder.")
 @click.option("--compare", "compare", multiple=True, metavar="CONFIG",
-              help="A configuration, repeatable; the first is the reference for speed-ups and exactness: greedy, "
-                   "assisted:NAME[,schedule=S][,k=N][,temperature=T], transformers, "
-                   "transformers-assisted:NAME[,k=N], faster-whisper[,compute_type=C]. "
+              help="A configuration, repeatable; the first is the reference for speed-ups and exactness: "
+                   "greedy[,vad], assisted:NAME[,schedule=S][,k=N][,temperature=T][,vad], "
+                   "batched:N[,assistant=NAME][,timestamps=off], transformers, "
+                   "transformers-assisted:NAME[,k=N], faster-whisper[,compute_type=C][,batched=N]. "
                    "Default: greedy and assisted:self:int8 (self:fp16 off the CPU).")
 @click.option("--report", "report_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for report.md, report.json, items.jsonl and the plots.")

@@ -1,13 +1,16 @@
 """Decoding configurations to compare, parsed from `--compare` strings.
 
-    greedy                                  the model alone (this library's decoder)
-    assisted:NAME[,OPTION=VALUE...]         this library's assisted decoding; NAME as `asr transcribe --assistant`
+    greedy[,vad]                            the model alone (this library's decoder)
+    assisted:NAME[,OPTION=VALUE...][,vad]   this library's assisted decoding; NAME as `asr transcribe --assistant`
+    batched:N[,assistant=NAME]              this library's batched long-form (`asr transcribe --batch-size N`)
     transformers                            transformers' own `generate()`, no assistant
     transformers-assisted:NAME[,k=..]       transformers' `generate(assistant_model=...)`: the baseline to beat
-    faster-whisper[,compute_type=..]        CTranslate2, when installed: the outside speed anchor
+    faster-whisper[,compute_type=..][,batched=N]  CTranslate2, when installed: the outside speed anchor
 
 Options: `schedule=heuristic|constant|confidence`, `k=N` (drafts per round, at the start), `temperature=T`
-(a single temperature, no fallback), `compute_type=default|int8|float32|...` (faster-whisper only).
+(a single temperature, no fallback), `compute_type=default|int8|float32|...` (faster-whisper only), `vad` (Silero
+VAD: the speech only, `asr transcribe --vad`), `assistant=NAME` (batched only), `timestamps=off` (batched: no
+timestamp tokens, one segment per chunk), `batched=N` (faster-whisper's `BatchedInferencePipeline`, batch N).
 """
 
 from __future__ import annotations
@@ -15,17 +18,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-KINDS = ("greedy", "assisted", "transformers", "transformers-assisted", "faster-whisper")
+KINDS = ("greedy", "assisted", "batched", "transformers", "transformers-assisted", "faster-whisper")
 # Kinds that need an assistant NAME after the colon.
 ASSISTED_KINDS = frozenset({"assisted", "transformers-assisted"})
 # Options each kind accepts.
 OPTIONS = {
-    "greedy": ("temperature",),
-    "assisted": ("schedule", "k", "temperature"),
+    "greedy": ("temperature", "vad"),
+    "assisted": ("schedule", "k", "temperature", "vad"),
+    "batched": ("assistant", "schedule", "k", "temperature", "timestamps"),
     "transformers": (),
     "transformers-assisted": ("schedule", "k"),
-    "faster-whisper": ("compute_type",),
+    "faster-whisper": ("compute_type", "batched"),
 }
+# Options written as a bare word (on), not OPTION=VALUE.
+FLAGS = frozenset({"vad"})
 # transformers knows only these two schedules.
 TRANSFORMERS_SCHEDULES = ("heuristic", "constant")
 
@@ -47,10 +53,15 @@ class EvalConfig:
     temperature: float | None = None
     # CTranslate2 compute type for faster-whisper (None: float32 on a CPU, the weights' own type on a GPU).
     compute_type: str | None = None
+    # Silero VAD before the sequential algorithm; chunks decoded this many at a time (batched kinds; None: not).
+    vad: bool = False
+    batch_size: int | None = None
+    # Timestamp tokens in the batched mode.
+    timestamps: bool = True
 
     @property
     def uses_assistant(self) -> bool:
-        return self.kind in ASSISTED_KINDS
+        return self.kind in ASSISTED_KINDS or (self.kind == "batched" and self.assistant is not None)
 
 
 def parse_config(text: str) -> EvalConfig:
@@ -65,16 +76,22 @@ def parse_config(text: str) -> EvalConfig:
     kind = kind.strip()
     if kind not in KINDS:
         raise ValueError(f"unknown configuration {name!r}; start it with one of {', '.join(KINDS)}")
+    batch_size = None
     if kind in ASSISTED_KINDS:
         if not assistant.strip():
             raise ValueError(f"configuration {name!r} needs an assistant: {kind}:NAME (e.g. {kind}:tiny.en)")
+    elif kind == "batched":
+        batch_size = _positive_int(assistant.strip() or "missing", "the batch size (batched:N)", name)
+        assistant = ""
     elif colon:
         raise ValueError(f"configuration {name!r}: {kind} takes no assistant; use assisted:{assistant}")
     options: dict[str, str] = {}
     for part in option_parts:
         key, equals, value = part.partition("=")
         key, value = key.strip(), value.strip()
-        if not equals or not key or not value:
+        if not equals and key in FLAGS:
+            value = "on"
+        elif not equals or not key or not value:
             raise ValueError(f"configuration {name!r}: expected OPTION=VALUE, got {part!r}")
         if key not in OPTIONS[kind]:
             accepted = ", ".join(OPTIONS[kind]) or "none"
@@ -82,8 +99,14 @@ def parse_config(text: str) -> EvalConfig:
         if key in options:
             raise ValueError(f"configuration {name!r}: option {key!r} given twice")
         options[key] = value
+    if kind == "faster-whisper":
+        batch_size = _positive_int(options.get("batched"), "batched", name)
+    for key in ("timestamps", "vad"):
+        if options.get(key, "on") not in ("on", "off"):
+            raise ValueError(f"configuration {name!r}: {key} must be on or off, got {options[key]!r}")
     return EvalConfig(
-        name=name, kind=kind, assistant=assistant.strip() or None,
+        name=name, kind=kind, assistant=assistant.strip() or options.get("assistant"),
+        vad=options.get("vad") == "on", batch_size=batch_size, timestamps=options.get("timestamps") != "off",
         schedule=_schedule(options.get("schedule"), kind, name),
         num_assistant_tokens=_positive_int(options.get("k"), "k", name),
         temperature=_temperature(options.get("temperature"), name),

@@ -119,6 +119,12 @@ def test_report_folder_from_a_summary(tmp_path: Path) -> None:
                                                  "tiny.en")),
     ("faster-whisper,compute_type=int8", EvalConfig("faster-whisper,compute_type=int8", "faster-whisper",
                                                     compute_type="int8")),
+    ("greedy,vad", EvalConfig("greedy,vad", "greedy", vad=True)),
+    ("batched:8", EvalConfig("batched:8", "batched", batch_size=8)),
+    ("batched:8,assistant=self:int8", EvalConfig("batched:8,assistant=self:int8", "batched", "self:int8",
+                                                 batch_size=8)),
+    ("batched:4,timestamps=off", EvalConfig("batched:4,timestamps=off", "batched", batch_size=4, timestamps=False)),
+    ("faster-whisper,batched=8", EvalConfig("faster-whisper,batched=8", "faster-whisper", batch_size=8)),
 ])
 def test_configurations_parse(text: str, expected: EvalConfig) -> None:
     assert parse_config(text) == expected
@@ -134,6 +140,11 @@ def test_configurations_parse(text: str, expected: EvalConfig) -> None:
     ("assisted:tiny.en,temperature=-1", "temperature must be"),
     ("greedy,k=4", "unknown option 'k' for greedy"),
     ("assisted:tiny.en,k", "expected OPTION=VALUE"),
+    ("batched", "batch size \\(batched:N\\) must be a whole number >= 1"),
+    ("batched:0", "must be a whole number >= 1"),
+    ("greedy,vad=maybe", "vad must be on or off"),
+    ("faster-whisper,batched=0", "batched must be a whole number >= 1"),
+    ("transformers,vad", "unknown option 'vad' for transformers"),
 ])
 def test_bad_configurations_say_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

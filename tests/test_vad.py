@@ -131,6 +131,11 @@ def test_speech_map_restores_times_across_the_gaps() -> None:
     assert (segment.start, segment.end) == (3.0, 5.0)
     assert [(w.start, w.end) for w in segment.words] == [(3.0, 4.0), (10.0, 11.0)]
     assert SpeechMap([]).speech(audio).size == 0
+    # Across the join: kept to the region holding most of it (1 s before the join, 1.5 s after), words one by one.
+    crossing = _segment(2.0, 4.5, [(2.0, 2.5), (3.2, 4.5)])
+    speech_map.restore([crossing])
+    assert (crossing.start, crossing.end) == (10.0, 11.5)
+    assert [(w.start, w.end) for w in crossing.words] == [(4.0, 4.5), (10.2, 11.5)]
 
 
 class _StubDecoder:
