@@ -88,6 +88,9 @@ def transcribe(
 ) -> Transcript:
     """Transcribes (or translates) a file or a 16 kHz mono float32 array of any length.
 
+    By default with openai-whisper's sequential algorithm over the whole audio; `options.vad` keeps only the
+    speech that Silero VAD finds, and `options.batch_size` decodes 30 s speech chunks that many at a time.
+
     Args:
         bundle: a loaded model (`asr.registry.load_model`).
         audio: a path, or samples at 16 kHz.
@@ -119,6 +122,8 @@ def transcribe_many(
     Each transcript holds the words `transcribe` gives for that audio alone (greedy decoding; batched and
     single kernels may differ in the last bits of a float). Statistics of shared passes are split evenly.
     `window_observer`, when given, sees every decoded window (its encoder output, prompt and tokens).
+    With `options.batch_size` set, the audios' speech chunks are decoded that many at a time instead, all
+    audios' chunks sharing the batches (`asr.chunked`); `batch_size` is then unused.
 
     Raises:
         audio.AudioError: an audio cannot be read (decode files first to handle them one by one).

@@ -122,8 +122,29 @@ def test_the_command_writes_every_format_in_batched_mode(base, speech_silence_sp
         assert "station" in (out / f"talk.{fmt}").read_text()
 
 
-def test_without_timestamps_gives_one_segment_per_chunk(base, sonnets, by_batch_size) -> None:
+def test_without_timestamps_gives_one_segment_per_chunk(base, sonnets) -> None:
     result = transcribe(base, sonnets, TranscribeOptions(batch_size=8, timestamps=False, **GREEDY))
     assert len(result.segments) == result.stats.windows
     assert all(s.end - s.start <= 30.0 for s in result.segments)
     assert result.segments[0].start < 1.0 and result.segments[-1].end > 150
+
+
+def test_asr_batch_chunked_gives_a_row_per_item(base, tmp_path: Path) -> None:
+    folder = tmp_path / "items"
+    folder.mkdir()
+    park = load_audio(SAMPLES / "park.flac")
+    sf.write(folder / "a-park.flac", park, SAMPLE_RATE)
+    sf.write(folder / "b-silence.flac", np.zeros(40 * SAMPLE_RATE, dtype=np.float32), SAMPLE_RATE)
+    sf.write(folder / "c-park-pause-park.flac", np.concatenate([park, np.zeros(35 * SAMPLE_RATE, np.float32), park]),
+             SAMPLE_RATE)
+    output = tmp_path / "rows.jsonl"
+    result = CliRunner().invoke(main, ["batch", str(folder), "-o", str(output), "--chunked", "--batch-size", "3",
+                                       "--language", "en", "--segments", "-q"])
+    assert result.exit_code == 0, result.output
+    rows = {json.loads(line)["id"]: json.loads(line) for line in output.read_text().splitlines()}
+    assert len(rows) == 3 and all(row["error"] is None for row in rows.values())
+    alone = transcribe(base, park, TranscribeOptions(language="en")).text
+    assert rows["a-park.flac"]["text"] == alone  # a clip up to 30 s is decoded whole: the sequential words
+    assert rows["b-silence.flac"]["text"] == ""
+    segments = rows["c-park-pause-park.flac"]["segments"]
+    assert len(segments) >= 2 and segments[-1]["start"] > 35
