@@ -25,7 +25,8 @@ def main() -> None:
               type=click.Choice(["txt", "srt", "vtt", "tsv", "json", "all"]))
 @click.option("--output-dir", "-o", default=None, type=click.Path(file_okay=False),
               help="Write DIR/<name>.<format>; without it the text goes to stdout.")
-@click.option("--without-timestamps", is_flag=True, help="Decode without timestamp tokens (audio up to 30 s only).")
+@click.option("--without-timestamps", is_flag=True,
+              help="Decode without timestamp tokens: one segment per 30 s window (per chunk with --batch-size).")
 @click.option("--word-timestamps", is_flag=True, help="Add word-level times (alignment heads and DTW).")
 @click.option("--initial-prompt", default=None, help="Text that comes before the first window.")
 @click.option("--temperature", "temperatures", default="0,0.2,0.4,0.6,0.8,1.0", show_default=True,
