@@ -1,8 +1,8 @@
 """Voice activity detection with Silero VAD: where in a recording someone speaks.
 
 The `silero-vad` package ships the model files, so this works offline. Probabilities come from its "sequence"
-ONNX model (one onnxruntime call per ~16 s block): on 158 s of speech on 2 busy cores it took RTF 0.002,
-against 0.007 for the frame-by-frame ONNX model and 0.016 for TorchScript, with the same regions
+ONNX model (one onnxruntime call per ~16 s block), the cheapest of its three forms: 3.2-3.4x cheaper than the
+frame-by-frame ONNX model and 5.8-5.9x cheaper than TorchScript on the same audio, with the same regions
 (`scripts/bench_vad.py`). The region rules (threshold, minimum speech and silence, padding, maximum length)
 are the package's own `get_speech_timestamps_from_probs`, which faster-whisper's `VadOptions` mirror.
 """
