@@ -1,6 +1,6 @@
 """Memory over a long file: resident memory after every window of one transcription (issue 4: flat over 2 hours).
 
-    python scripts/bench_memory.py [--minutes 120] [--assistant none] [--threads 2] [--keep FILE]
+    python scripts/bench_memory.py [--minutes 120] [--assistant none] [--threads 2] [--keep FILE] [--batch-size N]
 
 The long file is the long-form recordings of ../shared/evaldata (the sonnets, the VoxPopuli speech) repeated
 with a second of silence between them up to the length asked, written as FLAC and transcribed from the file
@@ -45,12 +45,15 @@ def main() -> None:
     parser.add_argument("--assistant", default="none")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--keep", help="write the long file here (and reuse it if it exists) instead of a temp file")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="the batched mode (speech chunks, N at a time); RSS is then read after each batch")
     args = parser.parse_args()
 
     import soundfile as sf
     import torch
 
     from asr.assistants import make_assistant
+    from asr.options import TranscribeOptions
     from asr.registry import load_model
     from asr.transcribe import transcribe
 
@@ -67,10 +70,12 @@ def main() -> None:
     def progress(done: float, total: float) -> None:
         samples.append((done, time.perf_counter() - start, rss_mb()))
 
-    result = transcribe(bundle, str(path), assistant=assistant, progress=progress)
+    options = TranscribeOptions(batch_size=args.batch_size)
+    result = transcribe(bundle, str(path), options, assistant=assistant, progress=progress)
     total = result.stats.audio_seconds
     tokens = result.stats.generation.generated_tokens
-    print(f"{total / 60:.1f} min of audio, {len(samples)} windows, {time.perf_counter() - start:.0f} s, "
+    unit = "batches" if args.batch_size else "windows"
+    print(f"{total / 60:.1f} min of audio, {len(samples)} {unit}, {time.perf_counter() - start:.0f} s, "
           f"RTF {result.stats.rtf:.3f}, {len(result.segments)} segments, {tokens} tokens")
     print(f"RSS before the audio was read: {before:.0f} MB (model loaded; the 16 kHz float32 samples add "
           f"{total * 16000 * 4 / 2**20:.0f} MB)")
