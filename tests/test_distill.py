@@ -14,18 +14,8 @@ from asr.cli import main
 from asr.distill.student import DraftDecoder, load_draft
 from tests.conftest import SAMPLES
 from tests.test_ct2 import tiny_whisper
-from tests.test_registry import save_processor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random two-layer Whisper with base's tokenizer, saved as a local model folder."""
-    folder = tmp_path_factory.mktemp("tiny-whisper")
-    tiny_whisper(seed=3).save_pretrained(folder)
-    save_processor(folder)
-    return folder
 
 
 def run(*args: str):
@@ -33,10 +23,10 @@ def run(*args: str):
 
 
 @pytest.fixture(scope="module")
-def distilled(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def distilled(tiny_whisper_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A draft for the tiny model, trained for a few steps on the bundled samples."""
     out = tmp_path_factory.mktemp("distill") / "draft"
-    result = run(str(tiny_model), "-o", str(out), "--audio", str(SAMPLES), "--steps", "12", "--layers", "1",
+    result = run(str(tiny_whisper_folder), "-o", str(out), "--audio", str(SAMPLES), "--steps", "12", "--layers", "1",
                  "--held-out", "0.3", "--vocabulary", "2000")
     assert result.exit_code == 0, result.output
     return out
@@ -56,10 +46,10 @@ def test_distill_writes_a_draft_folder_with_its_report(distilled: Path) -> None:
     assert not distilled.with_name("draft.partial").exists()
 
 
-def test_a_distilled_draft_gives_the_models_words(tiny_model: Path, distilled: Path) -> None:
+def test_a_distilled_draft_gives_the_models_words(tiny_whisper_folder: Path, distilled: Path) -> None:
     # Greedy only: a random model fails every fallback check, and sampled windows keep the model's
     # distribution (speculative sampling), not its exact draws.
-    args = ["transcribe", *map(str, sorted(SAMPLES.glob("*.flac"))), "--model", str(tiny_model), "--language",
+    args = ["transcribe", *map(str, sorted(SAMPLES.glob("*.flac"))), "--model", str(tiny_whisper_folder), "--language",
             "en", "-f", "json", "--threads", "1", "-q", "--temperature", "0"]
     plain = CliRunner().invoke(main, args)
     assisted = CliRunner().invoke(main, [*args, "--assistant", str(distilled)])
@@ -71,10 +61,10 @@ def test_a_distilled_draft_gives_the_models_words(tiny_model: Path, distilled: P
     assert sum(r["stats"]["drafted_tokens"] for r in assisted_rows) > 0
 
 
-def test_a_draft_with_all_the_models_layers_is_the_model(tiny_model: Path) -> None:
+def test_a_draft_with_all_the_models_layers_is_the_model(tiny_whisper_folder: Path) -> None:
     from asr.registry import load_model
 
-    model = load_model(str(tiny_model)).model
+    model = load_model(str(tiny_whisper_folder)).model
     draft = DraftDecoder(model, [0, 1]).eval()
     encoder_output = torch.randn(1, 1500, model.config.d_model)
     ids = torch.tensor([[50258, 50259, 50359, 50364, 400, 500]])
@@ -87,11 +77,11 @@ def test_a_draft_with_all_the_models_layers_is_the_model(tiny_model: Path) -> No
     assert draft.get_decoder().layers[0] is not model.get_decoder().layers[0]
 
 
-def test_a_restricted_draft_proposes_only_its_tokens(tiny_model: Path) -> None:
+def test_a_restricted_draft_proposes_only_its_tokens(tiny_whisper_folder: Path) -> None:
     from asr.distill.student import choose_vocabulary
     from asr.registry import load_model
 
-    model = load_model(str(tiny_model)).model
+    model = load_model(str(tiny_whisper_folder)).model
     draft = DraftDecoder(model, [1]).eval()
     encoder_output = torch.randn(1, 1500, model.config.d_model)
     ids = torch.tensor([[50258, 50259, 50359, 50364, 400, 500]])
@@ -113,7 +103,7 @@ def test_a_draft_refuses_a_model_it_was_not_trained_for(distilled: Path, tmp_pat
         load_draft(distilled, tiny_whisper(seed=4))
 
 
-def test_an_interrupted_run_resumes_from_its_work_folder(tiny_model: Path, distilled: Path, tmp_path: Path,
+def test_an_interrupted_run_resumes_from_its_work_folder(tiny_whisper_folder: Path, distilled: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "work"
     shutil.copytree(distilled.with_name("draft.work"), work)
@@ -123,19 +113,19 @@ def test_an_interrupted_run_resumes_from_its_work_folder(tiny_model: Path, disti
         raise AssertionError("labelled windows must come from the work folder")
 
     monkeypatch.setattr(asr.distill.data, "transcribe_many", no_decoding)
-    result = run(str(tiny_model), "-o", str(tmp_path / "more"), "--audio", str(SAMPLES), "--steps", "20",
+    result = run(str(tiny_whisper_folder), "-o", str(tmp_path / "more"), "--audio", str(SAMPLES), "--steps", "20",
                  "--layers", "1", "--held-out", "0.3", "--work-dir", str(work))
     assert result.exit_code == 0, result.output
     training = json.loads((tmp_path / "more" / "draft.json").read_text())["training"]
     assert training["steps"] == 20
     assert training["curve"][0][0] == 12  # the first run's checkpoint, then 8 more steps
     # Another recipe in the same work folder is refused rather than mixed in.
-    result = run(str(tiny_model), "-o", str(tmp_path / "other"), "--audio", str(SAMPLES), "--seed", "1",
+    result = run(str(tiny_whisper_folder), "-o", str(tmp_path / "other"), "--audio", str(SAMPLES), "--seed", "1",
                  "--work-dir", str(work))
     assert result.exit_code == 1 and "holds data of another recipe" in result.output
 
 
-def test_bad_input_gets_one_line(tiny_model: Path, distilled: Path, tmp_path: Path,
+def test_bad_input_gets_one_line(tiny_whisper_folder: Path, distilled: Path, tmp_path: Path,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     def one_line(result) -> str:
         assert result.exit_code != 0
@@ -143,21 +133,21 @@ def test_bad_input_gets_one_line(tiny_model: Path, distilled: Path, tmp_path: Pa
         assert len(lines) == 1, result.output
         return lines[0]
 
-    assert "exists" in one_line(run(str(tiny_model), "-o", str(distilled), "--audio", str(SAMPLES)))
-    assert "nothing to train on" in one_line(run(str(tiny_model), "-o", str(tmp_path / "a")))
+    assert "exists" in one_line(run(str(tiny_whisper_folder), "-o", str(distilled), "--audio", str(SAMPLES)))
+    assert "nothing to train on" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "a")))
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "noise.wav").write_bytes(b"RIFF0000WAVEfmt garbage")
-    assert "no usable audio" in one_line(run(str(tiny_model), "-o", str(tmp_path / "b"), "--audio", str(broken)))
-    assert "no such file" in one_line(run(str(tiny_model), "-o", str(tmp_path / "c"), "--audio",
+    assert "no usable audio" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "b"), "--audio", str(broken)))
+    assert "no such file" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "c"), "--audio",
                                           str(tmp_path / "missing")))
     monkeypatch.setenv("PATH", str(tmp_path))  # no synthesiser to be found
-    assert "needs a speech synthesiser" in one_line(run(str(tiny_model), "-o", str(tmp_path / "d"), "--tts"))
+    assert "needs a speech synthesiser" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "d"), "--tts"))
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
-def test_distill_on_synthesised_speech(tiny_model: Path, tmp_path: Path) -> None:
-    result = run(str(tiny_model), "-o", str(tmp_path / "draft"), "--tts", "--tts-minutes", "0.3", "--steps", "3")
+def test_distill_on_synthesised_speech(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+    result = run(str(tiny_whisper_folder), "-o", str(tmp_path / "draft"), "--tts", "--tts-minutes", "0.3", "--steps", "3")
     assert result.exit_code == 0, result.output
     manifest = [json.loads(line) for line in (tmp_path / "draft.work" / "audio" / "manifest.jsonl").read_text()
                 .splitlines()]

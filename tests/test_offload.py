@@ -25,17 +25,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random two-layer Whisper (d_model 64) with base's tokenizer, as a local transformers folder."""
-    folder = tmp_path_factory.mktemp("tiny-whisper")
-    tiny_whisper(seed=3).save_pretrained(folder)
-    save_processor(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def in_memory(tiny_folder: Path):
-    return load_model(str(tiny_folder))
+def in_memory(tiny_whisper_folder: Path):
+    return load_model(str(tiny_whisper_folder))
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +49,9 @@ def _logits(model: torch.nn.Module, encoder_output: torch.Tensor) -> list[torch.
 
 @pytest.mark.parametrize("reader", ["read", "mmap", "accelerate"])
 @pytest.mark.parametrize("prefetch", [True, False])
-def test_offloaded_logits_are_the_in_memory_logits_bit_for_bit(tiny_folder: Path, in_memory, reader: str,
+def test_offloaded_logits_are_the_in_memory_logits_bit_for_bit(tiny_whisper_folder: Path, in_memory, reader: str,
                                                                prefetch: bool) -> None:
-    offloaded = load_model(str(tiny_folder), offload=OffloadOptions("disk", reader=reader, prefetch=prefetch))
+    offloaded = load_model(str(tiny_whisper_folder), offload=OffloadOptions("disk", reader=reader, prefetch=prefetch))
     store = offload_store(offloaded.model)
     assert store is not None and sorted(store.layers) == [0, 1]
     assert all(p.is_meta for p in offloaded.model.get_decoder().layers[0].parameters())
@@ -69,13 +60,13 @@ def test_offloaded_logits_are_the_in_memory_logits_bit_for_bit(tiny_folder: Path
         assert torch.equal(got, expected)
 
 
-def test_the_cpu_memory_store_a_gpu_uses_gives_the_same_logits(tiny_folder: Path, in_memory) -> None:
+def test_the_cpu_memory_store_a_gpu_uses_gives_the_same_logits(tiny_whisper_folder: Path, in_memory) -> None:
     # `--offload cpu` runs on a GPU only; its store (layers kept in memory, copied per pass) runs here on the CPU.
     from transformers import WhisperConfig
 
     from asr.offload import load_offloaded
 
-    model = load_offloaded(tiny_folder, WhisperConfig.from_pretrained(tiny_folder), OffloadOptions("cpu"), "cpu",
+    model = load_offloaded(tiny_whisper_folder, WhisperConfig.from_pretrained(tiny_whisper_folder), OffloadOptions("cpu"), "cpu",
                            torch.float32)
     assert offload_store(model).folder is None
     encoder_output = torch.randn(1, 1500, 64)
@@ -92,8 +83,8 @@ def test_max_memory_alone_offloads_to_the_next_tier() -> None:
         resolve_offload(OffloadOptions("disk"), "mps")
 
 
-def test_module_forward_works_through_accelerate_hooks(tiny_folder: Path, in_memory) -> None:
-    offloaded = load_model(str(tiny_folder), offload=OffloadOptions("disk"))
+def test_module_forward_works_through_accelerate_hooks(tiny_whisper_folder: Path, in_memory) -> None:
+    offloaded = load_model(str(tiny_whisper_folder), offload=OffloadOptions("disk"))
     ids, states = torch.tensor([[50258, 50259, 50359, 400]]), torch.randn(1, 1500, 64)
     with torch.inference_mode():
         got = offloaded.model.get_decoder()(input_ids=ids, encoder_hidden_states=states).last_hidden_state
@@ -104,9 +95,9 @@ def test_module_forward_works_through_accelerate_hooks(tiny_folder: Path, in_mem
 
 
 @pytest.mark.parametrize("assistant", ["none", "self:int8", "self"])
-def test_offloaded_transcripts_equal_in_memory_ones(tiny_folder: Path, in_memory, noise: np.ndarray,
+def test_offloaded_transcripts_equal_in_memory_ones(tiny_whisper_folder: Path, in_memory, noise: np.ndarray,
                                                    assistant: str) -> None:
-    offloaded = load_model(str(tiny_folder), offload=OffloadOptions("disk"))
+    offloaded = load_model(str(tiny_whisper_folder), offload=OffloadOptions("disk"))
     options = TranscribeOptions(language="en", temperatures=(0.0,), max_new_tokens=40)
     expected = transcribe(in_memory, noise, options, make_assistant(assistant, in_memory))
     got = transcribe(offloaded, noise, options, make_assistant(assistant, offloaded))
@@ -141,10 +132,10 @@ def test_max_memory_keeps_the_first_layers_that_fit(tmp_path: Path, noise: np.nd
     assert got.text == expected.text
 
 
-def test_auto_drafts_many_tokens_with_a_resident_copy_for_an_offloaded_model(tiny_folder: Path, in_memory) -> None:
+def test_auto_drafts_many_tokens_with_a_resident_copy_for_an_offloaded_model(tiny_whisper_folder: Path, in_memory) -> None:
     import asr.assistants
 
-    offloaded = load_model(str(tiny_folder), offload=OffloadOptions("disk"))
+    offloaded = load_model(str(tiny_whisper_folder), offload=OffloadOptions("disk"))
     assistant = make_assistant("auto", offloaded)
     assert isinstance(assistant, SharedEncoderAssistant) and assistant.name == "self:int8"
     assert assistant.schedule == OFFLOAD_SCHEDULE
@@ -154,8 +145,8 @@ def test_auto_drafts_many_tokens_with_a_resident_copy_for_an_offloaded_model(tin
     assert asr.assistants.offload_assistants(offloaded.source, "cuda") == []
 
 
-def test_layer_files_go_with_the_model(tiny_folder: Path, tmp_path: Path) -> None:
-    offloaded = load_model(str(tiny_folder), offload=OffloadOptions("disk", folder=str(tmp_path)))
+def test_layer_files_go_with_the_model(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+    offloaded = load_model(str(tiny_whisper_folder), offload=OffloadOptions("disk", folder=str(tmp_path)))
     [own] = list(tmp_path.iterdir())
     assert sorted(p.name for p in own.iterdir()) == ["layer_0.safetensors", "layer_1.safetensors"]
     offload_store(offloaded.model).close()
@@ -185,8 +176,8 @@ def noise_file(tmp_path_factory: pytest.TempPathFactory, noise: np.ndarray) -> P
     return path
 
 
-def test_transcribe_command_offloads_with_the_same_text(tiny_folder: Path, noise_file: Path) -> None:
-    common = [str(noise_file), "--model", str(tiny_folder), "--language", "en", "--temperature", "0", "-q"]
+def test_transcribe_command_offloads_with_the_same_text(tiny_whisper_folder: Path, noise_file: Path) -> None:
+    common = [str(noise_file), "--model", str(tiny_whisper_folder), "--language", "en", "--temperature", "0", "-q"]
     plain = _run(*common)
     offloaded = _run(*common, "--offload", "disk", "--assistant", "auto")
     assert plain.exit_code == 0 and offloaded.exit_code == 0, offloaded.output
@@ -200,10 +191,10 @@ def test_transcribe_command_offloads_with_the_same_text(tiny_folder: Path, noise
     (["--offload-folder", "{audio}/layers", "--offload", "disk"], "cannot write to offload folder"),  # under a file
     (["--offload-folder", "somewhere"], "--offload-folder needs --offload disk"),
 ])
-def test_bad_offload_options_fail_in_one_line(tiny_folder: Path, noise_file: Path, args: list[str],
+def test_bad_offload_options_fail_in_one_line(tiny_whisper_folder: Path, noise_file: Path, args: list[str],
                                               message: str) -> None:
     args = [a.format(audio=noise_file) for a in args]
-    result = _run(str(noise_file), "--model", str(tiny_folder), "--device", "cpu", *args)
+    result = _run(str(noise_file), "--model", str(tiny_whisper_folder), "--device", "cpu", *args)
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
     assert message in lines[-1] and "Traceback" not in result.output
@@ -251,14 +242,14 @@ def test_batch_and_eval_commands_take_the_offload_options(terse_folder: Path, no
     assert result.exit_code != 0 and "cannot hold the model's resident parts" in result.output
 
 
-def test_a_trained_draft_drafts_for_the_offloaded_model(tiny_folder: Path, in_memory, noise: np.ndarray,
+def test_a_trained_draft_drafts_for_the_offloaded_model(tiny_whisper_folder: Path, in_memory, noise: np.ndarray,
                                                         tmp_path: Path) -> None:
     from asr.distill.student import DraftDecoder, save_draft
 
     draft = DraftDecoder(in_memory.model, [1])
     draft.restrict_vocabulary(torch.arange(0, 50000, 7))
     save_draft(draft, in_memory.model, tmp_path / "tiny-draft", model_name=in_memory.name, training={})
-    offloaded = load_model(str(tiny_folder), offload=OffloadOptions("disk"))
+    offloaded = load_model(str(tiny_whisper_folder), offload=OffloadOptions("disk"))
     options = TranscribeOptions(language="en", temperatures=(0.0,), max_new_tokens=40)
     for spec in ("{}", "{}:int8"):
         name = spec.format(tmp_path / "tiny-draft")

@@ -101,9 +101,7 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
         available_voices()  # fails now, in one line, if nothing can speak
         sentences = read_text(options.text) if options.text else built_in_text()
     bundle = load_model(model, device=device, dtype=torch.float32)
-    layers = options.layers or (0, bundle.model.config.decoder_layers - 1)
-    if len(set(layers)) == 1 and bundle.model.config.decoder_layers > 1:
-        layers = (layers[0],)
+    layers = options.layers or tuple(sorted({0, bundle.model.config.decoder_layers - 1}))
     _claim_work(work, model, options)
 
     # 1-2. Audio, decoded by the model; every window it decoded is cached with its labels.
