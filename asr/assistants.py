@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from asr.decoder import WhisperDecoderAdapter, encode, fuse_layer_qkv
+from asr.precision import Precision, compute_dtype
 from asr.logit_rules import whisper_filters
 from asr.offload import offload_store
 from decoding import AssistantDraft, DraftSource, LogitsFilter
@@ -222,7 +223,7 @@ def check_pair(model_bundle: Any, assistant_config: Any, name: str) -> None:
                          f"{model_config.vocab_size}: a decoder-only assistant needs the model's tokenizer")
 
 
-def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32):
+def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: Precision = torch.float32):
     """Resolves `--assistant`: none, auto, self[:PRECISION], or a registry name, hub id or local folder with an
     optional `:PRECISION` (`tiny.en:int8`: the assistant drafts with a lower-precision copy of its decoder).
 
@@ -266,7 +267,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
         draft = load_draft(folder, model_bundle.model)
         return _in_precision(SharedEncoderAssistant(spec, draft), precision, spec)
     if _is_decoder_only(name):
-        assistant = load_decoder_assistant(name, model_bundle, device=device, dtype=dtype)
+        assistant = load_decoder_assistant(name, model_bundle, device=device, dtype=compute_dtype(dtype))
         return _in_precision(assistant, precision, spec)
     bundle = load_model(name, device=device, dtype=dtype)
     assistant = FullAssistant(spec, bundle, model_bundle)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload, setup_runtime
+from asr.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_offload, setup_runtime
 
 
 @click.command("batch", context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,7 +38,7 @@ from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload, setup_r
 @click.option("--split", default=None, help="Dataset split (default: test if there is one, else the first).")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
-              help="Model precision (auto: float32 on CPU, float16 on GPU).")
+              help=DTYPE_HELP)
 @offload_options
 @click.option("--threads", type=int, default=None,
               help="Torch CPU threads per process (default: the cores shared among the processes on this machine).")

@@ -7,7 +7,16 @@ import sys
 
 import click
 
-from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload, setup_runtime
+from asr.runtime import (
+    DEVICES,
+    DTYPE_HELP,
+    DTYPES,
+    TEXT_DTYPES,
+    offload_options,
+    parse_offload,
+    setup_runtime,
+)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
@@ -38,7 +47,7 @@ def main() -> None:
 @click.option("--num-assistant-tokens", default=None, type=int, help="Drafts per round (start) [default: 5].")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
-              help="Model precision (auto: float32 on CPU, float16 on GPU).")
+              help=DTYPE_HELP)
 @offload_options
 @click.option("--threads", type=int, default=None, help="Torch CPU threads.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -124,7 +133,7 @@ def models() -> None:
               show_default=True)
 @click.option("--prompt-lookup", is_flag=True, help="Draft by n-gram lookup in the text instead of an assistant.")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(TEXT_DTYPES), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print tokens, text and stats as one JSON object.")
 def generate(model, assistant, prompt, max_new_tokens, temperature, top_k, top_p, seed, num_assistant_tokens,

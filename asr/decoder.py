@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from asr.offload import offload_store
 from decoding.causal_lm import layer_norm_fn, linear_fn
+from decoding.kernels import Attention, linear
 from decoding.kv_cache import StaticKVCache, causal_mask
 
 
@@ -50,10 +51,17 @@ class WhisperDecoderAdapter:
         self.max_length = int(config.max_target_positions)
         self.device = encoder_output.device
         self.dtype = self.embed_positions.dtype
-        self.capacity = capacity
+        self.attention = Attention(self.dtype, self.device)
+        # Self-attention over a fixed number of key slots (masked past each row's position) for decoders whose
+        # other products compute each row on its own (`asr.precision.quantize_model`): then a row's softmax and
+        # weighted sum run over the same slots in a one-token step and in a check of many drafts, and its
+        # logits are the same bits either way. Over only the filled slots, the sums' order follows their count.
+        self.span = getattr(model, "attention_span", None)
+        self.capacity = max(capacity, self.span or 0)
         with torch.inference_mode():
             encoder_output = encoder_output.to(self.dtype)
-            self.cross = [(self._split(layer.cross_k(encoder_output)), self._split(layer.cross_v(encoder_output)))
+            self.cross = [(self.attention.keys(self._split(layer.cross_k(encoder_output))),
+                           self.attention.values(self._split(layer.cross_v(encoder_output))))
                           for layer in self._plans()]
 
     def _plans(self) -> Iterator[_LayerPlan]:
@@ -80,17 +88,21 @@ class WhisperDecoderAdapter:
         cache.ensure(end)
         if position_ids is None:
             position_ids = torch.arange(start, end, device=self.device).expand(batch, width)
-        if attention_mask is None and width > 1:
+        if self.span is not None:
+            attention_mask = _over_span(attention_mask, start, width, self.span, self.device)
+        elif attention_mask is None and width > 1:
             attention_mask = causal_mask(start, width, self.device)
         x = F.embedding(input_ids, self.embed_tokens).to(self.dtype) + self.embed_positions[position_ids]
         split = self._split
         for index, layer in enumerate(self._plans()):
             q, k, v = layer.qkv(layer.norm_self(x))
             k, v = cache.write(index, start, split(k), split(v))
-            a = F.scaled_dot_product_attention(split(q), k, v, attn_mask=attention_mask)
+            if self.span is not None:
+                k, v = cache.keys[index, :, :, :self.span], cache.values[index, :, :, :self.span]
+            a = self.attention(split(q), k, v, attention_mask)
             x = x + layer.out(a.transpose(1, 2).reshape(batch, width, -1))
             keys, values = self.cross[index]
-            a = F.scaled_dot_product_attention(split(layer.cross_q(layer.norm_cross(x))), keys, values)
+            a = self.attention(split(layer.cross_q(layer.norm_cross(x))), keys, values, ready=True)
             x = x + layer.cross_out(a.transpose(1, 2).reshape(batch, width, -1))
             x = x + layer.fc2(layer.activation(layer.fc1(layer.norm_ffn(x))))
         cache.length = end
@@ -120,6 +132,14 @@ class WhisperDecoderAdapter:
 
 
 Fn = Callable[[torch.Tensor], Any]
+
+
+def _over_span(mask: torch.Tensor | None, start: int, width: int, span: int, device: torch.device) -> torch.Tensor:
+    """`[B or 1, 1, width, span]` boolean: the causal mask (or the given `[B, 1, width, start + width]` one) over
+    every slot up to `span`, the slots past the written ones masked."""
+    if mask is None:
+        return causal_mask(start, width, device, slots=span)
+    return F.pad(mask, (0, span - mask.shape[-1]), value=False)
 
 
 @dataclass(frozen=True)
@@ -154,21 +174,20 @@ class _LayerPlan:
     @staticmethod
     def of_weights(weights: dict[str, torch.Tensor], activation: Fn, eps: float) -> "_LayerPlan":
         """The same functions over a fetched layer's weights (names as in the layer's state dict)."""
-        def linear(name: str) -> Fn:
-            weight, bias = weights[f"{name}.weight"], weights.get(f"{name}.bias")
-            return lambda x: F.linear(x, weight, bias)
+        def project(name: str) -> Fn:
+            return linear(weights[f"{name}.weight"], weights.get(f"{name}.bias"))
 
         def norm(name: str) -> Fn:
             weight, bias = weights[f"{name}.weight"], weights[f"{name}.bias"]
             return lambda x: F.layer_norm(x, weight.shape, weight, bias, eps)
 
-        q, k, v = linear("self_attn.q_proj"), linear("self_attn.k_proj"), linear("self_attn.v_proj")
+        q, k, v = project("self_attn.q_proj"), project("self_attn.k_proj"), project("self_attn.v_proj")
         return _LayerPlan(
-            norm_self=norm("self_attn_layer_norm"), qkv=lambda h: (q(h), k(h), v(h)), out=linear("self_attn.out_proj"),
-            norm_cross=norm("encoder_attn_layer_norm"), cross_q=linear("encoder_attn.q_proj"),
-            cross_k=linear("encoder_attn.k_proj"), cross_v=linear("encoder_attn.v_proj"),
-            cross_out=linear("encoder_attn.out_proj"), norm_ffn=norm("final_layer_norm"), fc1=linear("fc1"),
-            activation=activation, fc2=linear("fc2"),
+            norm_self=norm("self_attn_layer_norm"), qkv=lambda h: (q(h), k(h), v(h)), out=project("self_attn.out_proj"),
+            norm_cross=norm("encoder_attn_layer_norm"), cross_q=project("encoder_attn.q_proj"),
+            cross_k=project("encoder_attn.k_proj"), cross_v=project("encoder_attn.v_proj"),
+            cross_out=project("encoder_attn.out_proj"), norm_ffn=norm("final_layer_norm"), fc1=project("fc1"),
+            activation=activation, fc2=project("fc2"),
         )
 
 

@@ -1,16 +1,21 @@
-"""Weight-only int8 Linear layers for drafting decoders on a CPU.
+"""Weight-only int8 Linear layers for decoders on a CPU: the `--dtype int8` model's and the int8 drafts'.
 
 Each output row keeps its own scale (per-channel, as gpt-fast's int8 weight-only mode) and the activations
-stay in bfloat16, so the copy agrees with the fp32 model more often than PyTorch's dynamic quantisation, which
-also rounds the activations to int8 with one scale per tensor (base on the long-form clips: 90–92 % of drafted tokens
-accepted against 86 %), at about the same cost per step.
+stay in bfloat16, so a copy agrees with the fp32 model more often than PyTorch's dynamic quantisation, which
+also rounds the activations to int8 with one scale per tensor. The kernel computes each row on its own: a row's
+result does not depend on the rows beside it, so checking drafts in one pass gives greedy decoding's numbers.
 """
 
 from __future__ import annotations
 
 import torch
 
+from decoding.kernels import linear
+
 _ROWS = 4096
+# From this many rows on, a product runs in bfloat16 over dequantised weights; decoding (drafts and their checks)
+# stays below it, so every decoded row goes through the same int8 kernel.
+_MANY_ROWS = 256
 
 
 class Int8Linear(torch.nn.Module):
@@ -34,11 +39,37 @@ class Int8Linear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.scale.dtype)
+        flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
+        if len(flat) >= _MANY_ROWS:
+            # The int8 kernel is made for a few rows; over an encoder output (cross-attention keys and values,
+            # 1,500 rows) the weights dequantised once and a bfloat16 product take a quarter of its time.
+            return linear(self.weight.to(self.scale.dtype) * self.scale[:, None], self.bias)(flat).view(
+                *x.shape[:-1], self.out_features)
         y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+
+    def to_linear(self) -> torch.nn.Linear:
+        """A plain Linear with the dequantised weights, in the activations' dtype."""
+        linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                                 device=self.weight.device, dtype=self.scale.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(self.weight.to(self.scale.dtype) * self.scale[:, None])
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
+
+def dequantize_linears(module: torch.nn.Module) -> torch.nn.Module:
+    """Replaces every `Int8Linear` inside `module` (in place) with its `to_linear()`; returns `module`."""
+    for name, child in list(module.named_children()):
+        if isinstance(child, Int8Linear):
+            setattr(module, name, child.to_linear())
+        else:
+            dequantize_linears(child)
+    return module
 
 
 def quantize_linears(module: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:

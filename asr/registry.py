@@ -37,9 +37,17 @@ from transformers import (
     WhisperTokenizerFast,
 )
 
-from asr.convert import CONVERTER_VERSION, SpecialTokens, build_generation_config, convert_ct2, special_tokens
+from asr.convert import (
+    CONVERTER_VERSION,
+    SpecialTokens,
+    build_generation_config,
+    convert_ct2,
+    special_tokens,
+)
 from asr.ct2 import ModelFileError
 from asr.offload import OffloadError, OffloadOptions, load_offloaded, resolve_offload
+from asr.precision import INT8, Precision, load_dtype, quantize_model
+from decoding.kernels import use_onednn
 
 __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
            "WhisperBundle", "cache_dir", "known_models", "load_model"]
@@ -247,7 +255,7 @@ def _hub_problem(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
     return f"cannot reach {host}: {error[0]}" if error else None
 
 
-def _load_folder(src: str, name: str, source: str, device: str, dtype: torch.dtype,
+def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision,
                  offload: OffloadOptions | None = None, **hub: object) -> WhisperBundle:
     """Loads a transformers Whisper folder or Hub id into a bundle (``hub``: extra from_pretrained options)."""
     config = WhisperConfig.from_pretrained(src, **hub)
@@ -258,9 +266,13 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: torch.dty
     if offload is not None:
         model = load_offloaded(_local_folder(src, **hub), config, offload, device, dtype)
     else:
-        model = WhisperForConditionalGeneration.from_pretrained(src, dtype=dtype, use_safetensors=True,
+        model = WhisperForConditionalGeneration.from_pretrained(src, dtype=load_dtype(dtype), use_safetensors=True,
                                                                 trust_remote_code=False, **hub)
         model = model.to(device).eval()
+        if dtype == INT8:
+            quantize_model(model)
+    if device == "cpu":
+        use_onednn(model)
     tokenizer = WhisperTokenizerFast.from_pretrained(src, **hub)
     feature_extractor = WhisperFeatureExtractor.from_pretrained(src, **hub)
     if feature_extractor.feature_size != config.num_mel_bins:
@@ -294,7 +306,7 @@ def _local_folder(src: str, **hub: object) -> Path:
     return Path(snapshot_download(src, allow_patterns=["*.json", "*.safetensors"], local_files_only=local))
 
 
-def _load_hub(repo: str, name: str, device: str, dtype: torch.dtype,
+def _load_hub(repo: str, name: str, device: str, dtype: Precision,
               offload: OffloadOptions | None = None) -> WhisperBundle:
     with contextlib.suppress(OSError):  # already in the Hub cache: no network needed
         return _load_folder(repo, name, f"hub:{repo}", device, dtype, offload, local_files_only=True)
@@ -317,7 +329,7 @@ def _ct2_folder(folder: Path) -> _Ct2Source:
                       folder / "tokenizer.json")
 
 
-def _load_ct2(src: _Ct2Source, name: str, device: str, dtype: torch.dtype,
+def _load_ct2(src: _Ct2Source, name: str, device: str, dtype: Precision,
               offload: OffloadOptions | None = None) -> WhisperBundle:
     folder = _convert_into_cache(src)
     try:
@@ -336,7 +348,7 @@ def _known_names() -> str:
     return ", ".join(dict.fromkeys([*PACKAGES, *HUB_ALIASES]))
 
 
-def load_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+def load_model(name: str, *, device: str = "cpu", dtype: Precision = torch.float32,
                offload: OffloadOptions | None = None) -> WhisperBundle:
     """Loads a Whisper model by name, converting and caching CTranslate2 weights on first use.
 
@@ -344,7 +356,7 @@ def load_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.flo
         name: A package name (``base``, ``tiny.en``), a Hub alias (``large-v3``, ``turbo``, ...), a Hub id
             (``org/name``), a local transformers folder, or a local faster-whisper folder.
         device: Torch device to put the model on.
-        dtype: Dtype of the model's weights.
+        dtype: Dtype of the model's weights, or ``"int8"`` (CPU only; ``asr.precision.quantize_model``).
         offload: Decoder layers to keep on disk (or in CPU memory for a GPU) and bring in per pass
             (``asr.offload``); None keeps the whole model on ``device``.
 
@@ -358,6 +370,9 @@ def load_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.flo
         ValueError: Offload options the device cannot use, or a ``max_memory`` too small for the resident parts.
     """
     offload = resolve_offload(offload, device)
+    if dtype == INT8 and (device != "cpu" or offload is not None):
+        raise ValueError("int8 models run on the CPU, without --offload" if device == "cpu" else
+                         f"int8 models run on the CPU only; on {device} use float16 or bfloat16")
     path = Path(name).expanduser()
     if path.is_dir():
         if (path / "model.bin").is_file():

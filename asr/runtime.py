@@ -7,7 +7,11 @@ from typing import Any, Callable
 import click
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
+DTYPE_HELP = ("Model precision (auto: float32 on CPU, float16 on GPU; int8: CPU only, int8 decoder weights and a "
+              "bfloat16 encoder; bfloat16 on CPUs with AVX512-BF16 or AMX).")
+# Text models (`asr generate`) have no int8 form.
+TEXT_DTYPES = DTYPES[:-1]
 OFFLOADS = ("none", "cpu", "disk")
 
 
@@ -48,13 +52,15 @@ def setup_runtime(device: str, dtype: str, threads: int | None):
     """Resolves --device/--dtype/--threads into torch settings and quiets transformers' progress bars.
 
     Returns:
-        (device name, torch dtype): float32 on a CPU and float16 elsewhere when `dtype` is auto.
+        (device name, precision): a torch dtype, or "int8" (`asr.precision.resolve_precision`).
 
     Raises:
-        click.BadParameter: threads < 1, or a device this machine does not have.
+        click.BadParameter: threads < 1, a device this machine does not have, or a dtype it cannot run.
     """
     import torch
     from transformers.utils import logging as transformers_logging
+
+    from asr.precision import resolve_precision
 
     transformers_logging.disable_progress_bar()
     if threads is not None:
@@ -67,6 +73,7 @@ def setup_runtime(device: str, dtype: str, threads: int | None):
         raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
     elif device == "mps" and not torch.backends.mps.is_available():
         raise click.BadParameter("MPS is not available on this machine", param_hint="--device")
-    if dtype == "auto":
-        dtype = "float32" if device == "cpu" else "float16"
-    return device, getattr(torch, dtype)
+    try:
+        return device, resolve_precision(dtype, device)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--dtype") from None

@@ -55,7 +55,8 @@ class StaticKVCache:
         self.values = self.values[:, rows]
 
 
-def causal_mask(start: int, width: int, device: torch.device) -> torch.Tensor:
-    """`[1, 1, width, start + width]` boolean: new token `i` sees every cached slot and the new tokens up to `i`."""
-    slots = torch.arange(start + width, device=device)
+def causal_mask(start: int, width: int, device: torch.device, slots: int | None = None) -> torch.Tensor:
+    """`[1, 1, width, slots]` boolean (`slots` default `start + width`): new token `i` sees every cached slot and
+    the new tokens up to `i`."""
+    slots = torch.arange(start + width if slots is None else slots, device=device)
     return (slots[None, :] <= (start + torch.arange(width, device=device))[:, None])[None, None]

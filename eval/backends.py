@@ -90,8 +90,10 @@ class LibraryBackend:
 
     def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
         from asr.transcribe import transcribe
+        from decoding.kernels import reference_kernels
 
-        transcript = transcribe(self.bundle, samples, replace(self.options, language=language), self.assistant)
+        with reference_kernels(self.config.reference_kernels):
+            transcript = transcribe(self.bundle, samples, replace(self.options, language=language), self.assistant)
         stats, generation = transcript.stats, transcript.stats.generation
         assisted = self.assistant is not None
         return Decoded(
@@ -344,20 +346,28 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, de
     from asr.assistants import make_assistant
     from asr.registry import load_model
 
-    assistants: dict[str, Any] = {}
+    from asr.precision import resolve_precision
+
+    assistants: dict[tuple[str, Any], Any] = {}
     bundles: dict[str, Any] = {}
+    # The model in each precision a configuration asks for (the run's own is `bundle`).
+    models: dict[Any, Any] = {dtype: bundle}
     backends: list[Backend] = []
     skipped: dict[str, str] = {}
     for config in configs:
         try:
             if config.kind in ("greedy", "assisted", "batched"):
+                precision = dtype if config.dtype is None else resolve_precision(config.dtype, device)
+                if precision not in models:
+                    models[precision] = load_model(model_name, device=device, dtype=precision)
+                model = models[precision]
                 assistant = None
                 if config.uses_assistant:
-                    if config.assistant not in assistants:
-                        assistants[config.assistant] = make_assistant(config.assistant, bundle, device=device,
-                                                                      dtype=dtype)
-                    assistant = assistants[config.assistant]
-                backends.append(LibraryBackend(config, bundle, assistant))
+                    if (config.assistant, precision) not in assistants:
+                        assistants[config.assistant, precision] = make_assistant(config.assistant, model,
+                                                                                 device=device, dtype=precision)
+                    assistant = assistants[config.assistant, precision]
+                backends.append(LibraryBackend(config, model, assistant))
             elif config.kind in ("transformers", "transformers-assisted"):
                 assistant_bundle = None
                 if config.kind == "transformers-assisted" and config.assistant != "self":

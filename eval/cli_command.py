@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload
+from asr.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_offload
 
 
 @click.command("eval")
@@ -32,7 +32,7 @@ from asr.runtime import DEVICES, DTYPES, offload_options, parse_offload
 @click.option("--text-column", default="text", show_default=True, help="Dataset column with the reference.")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
-              help="Model precision (auto: float32 on CPU, float16 on GPU).")
+              help=DTYPE_HELP)
 @offload_options
 @click.option("--threads", type=int, default=None, help="Torch CPU threads (faster-whisper gets as many).")
 @click.option("--quiet", "-q", is_flag=True, help="No line per item.")

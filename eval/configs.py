@@ -7,7 +7,10 @@
     transformers-assisted:NAME[,k=..]       transformers' `generate(assistant_model=...)`: the baseline to beat
     faster-whisper[,compute_type=..][,batched=N]  CTranslate2, when installed: the outside speed anchor
 
-Options: `schedule=heuristic|constant|confidence`, `k=N` (drafts per round, at the start), `temperature=T`
+Options: `dtype=float32|bfloat16|float16|int8` (this library's kinds: the model in that precision, as
+`asr transcribe --dtype`; default: the run's `--dtype`), `kernels=aten` (this library's kinds: PyTorch's default
+kernels instead of oneDNN's, as `ASSISTED_WHISPER_KERNELS=aten`), `schedule=heuristic|constant|confidence`,
+`k=N` (drafts per round, at the start), `temperature=T`
 (a single temperature, no fallback), `compute_type=default|int8|float32|...` (faster-whisper only), `vad` (Silero
 VAD: the speech only, `asr transcribe --vad`), `assistant=NAME` (batched only), `timestamps=off` (batched: no
 timestamp tokens, one segment per chunk), `batched=N` (faster-whisper's `BatchedInferencePipeline`, batch N).
@@ -23,9 +26,9 @@ KINDS = ("greedy", "assisted", "batched", "transformers", "transformers-assisted
 ASSISTED_KINDS = frozenset({"assisted", "transformers-assisted"})
 # Options each kind accepts.
 OPTIONS = {
-    "greedy": ("temperature", "vad"),
-    "assisted": ("schedule", "k", "temperature", "vad"),
-    "batched": ("assistant", "schedule", "k", "temperature", "timestamps"),
+    "greedy": ("temperature", "vad", "dtype", "kernels"),
+    "assisted": ("schedule", "k", "temperature", "vad", "dtype", "kernels"),
+    "batched": ("assistant", "schedule", "k", "temperature", "timestamps", "dtype", "kernels"),
     "transformers": (),
     "transformers-assisted": ("schedule", "k"),
     "faster-whisper": ("compute_type", "batched"),
@@ -58,6 +61,10 @@ class EvalConfig:
     batch_size: int | None = None
     # Timestamp tokens in the batched mode.
     timestamps: bool = True
+    # The model's precision for this configuration (an `asr --dtype` name; None: the run's).
+    dtype: str | None = None
+    # PyTorch's default kernels (`decoding.kernels.reference_kernels`) instead of oneDNN's.
+    reference_kernels: bool = False
 
     @property
     def uses_assistant(self) -> bool:
@@ -101,6 +108,14 @@ def parse_config(text: str) -> EvalConfig:
         options[key] = value
     if kind == "faster-whisper":
         batch_size = _positive_int(options.get("batched"), "batched", name)
+    from asr.runtime import DTYPES
+
+    if options.get("dtype", "float32") not in DTYPES[1:]:
+        raise ValueError(f"configuration {name!r}: unknown dtype {options['dtype']!r}; choose one of "
+                         f"{', '.join(DTYPES[1:])}")
+    if options.get("kernels", "aten") != "aten":
+        raise ValueError(f"configuration {name!r}: kernels takes only aten (PyTorch's defaults), got "
+                         f"{options['kernels']!r}")
     for key in ("timestamps", "vad"):
         if options.get(key, "on") not in ("on", "off"):
             raise ValueError(f"configuration {name!r}: {key} must be on or off, got {options[key]!r}")
@@ -110,7 +125,8 @@ def parse_config(text: str) -> EvalConfig:
         schedule=_schedule(options.get("schedule"), kind, name),
         num_assistant_tokens=_positive_int(options.get("k"), "k", name),
         temperature=_temperature(options.get("temperature"), name),
-        compute_type=options.get("compute_type"),
+        compute_type=options.get("compute_type"), dtype=options.get("dtype"),
+        reference_kernels="kernels" in options,
     )
 
 

@@ -21,6 +21,8 @@ from typing import Any, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
+from asr.int8 import Int8Linear, dequantize_linears
+
 FORMAT = "assisted-whisper-draft"
 VERSION = 1
 CONFIG_FILE = "draft.json"
@@ -40,7 +42,7 @@ class SubsetHead(torch.nn.Module):
 
     def __init__(self, head: torch.nn.Module, ids: torch.Tensor) -> None:
         super().__init__()
-        weight = head.weight.detach()
+        weight = (head.to_linear() if isinstance(head, Int8Linear) else head).weight.detach()
         self.vocab_size = weight.shape[0]
         self.register_buffer("ids", ids.to(device=weight.device, dtype=torch.long))
         self.linear = torch.nn.Linear(weight.shape[1], len(ids), bias=False, device=weight.device, dtype=weight.dtype)
@@ -126,7 +128,8 @@ def _own_copy(layer: torch.nn.Module) -> torch.nn.Module:
     from asr.offload import materialized
 
     with materialized(layer):
-        return remove_hook_from_module(copy.deepcopy(layer))
+        # An int8 model's layers (`--dtype int8`) give a draft plain bfloat16 layers to load its weights into.
+        return dequantize_linears(remove_hook_from_module(copy.deepcopy(layer)))
 
 
 def model_probe(model: torch.nn.Module) -> dict[str, torch.Tensor]:

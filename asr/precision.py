@@ -1,0 +1,83 @@
+"""Model precisions a user picks with `--dtype` (faster-whisper's `compute_type`), and the int8 model.
+
+`int8` is weight-only int8 for the decoder's linear layers and its output head (one scale per output row, the
+kernel of the `self:int8` drafts), with activations, norms, embeddings and the key/value buffers in bfloat16,
+and the encoder in bfloat16: its 1,500-row products are compute-bound, where int8 weights bring nothing and
+bfloat16 (AVX512-BF16 / AMX) halves the time. Every int8 product is the same for a row whichever rows are
+computed with it, so assisted decoding checks drafts with the same numbers greedy decoding would produce.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+INT8 = "int8"
+# What `load_model` takes: a torch dtype, or INT8.
+Precision = torch.dtype | str
+NAMES = ("auto", "float32", "float16", "bfloat16", INT8)
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 products natively (AVX512-BF16 or AMX tiles)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def resolve_precision(name: str, device: str) -> Precision:
+    """The precision `--dtype NAME` means on `device` (cpu, cuda, mps).
+
+    auto: float32 on a CPU, float16 elsewhere.
+
+    Raises:
+        ValueError: an unknown name, int8 off the CPU, or bfloat16 on a CPU that cannot compute it natively.
+    """
+    if name not in NAMES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(NAMES)}")
+    if name == "auto":
+        return torch.float32 if device == "cpu" else torch.float16
+    if name == INT8:
+        if device != "cpu":
+            raise ValueError(f"int8 runs on the CPU only (PyTorch's int8 CPU kernels); on {device} use float16 "
+                             "or bfloat16")
+        return INT8
+    if name == "bfloat16" and device == "cpu" and not native_bfloat16():
+        raise ValueError("this CPU has no native bfloat16 (AVX512-BF16 or AMX): use float32 or int8")
+    if name == "float16" and device == "cpu":
+        raise ValueError("float16 is for GPUs; on a CPU use float32, bfloat16 or int8")
+    return getattr(torch, name)
+
+
+def load_dtype(precision: Precision) -> torch.dtype:
+    """The dtype a model is loaded in before `quantize_model` (float32 for int8)."""
+    return torch.float32 if precision == INT8 else precision
+
+
+def compute_dtype(precision: Precision) -> torch.dtype:
+    """The dtype of the activations: bfloat16 for int8."""
+    return torch.bfloat16 if precision == INT8 else precision
+
+
+def precision_name(precision: Precision) -> str:
+    return precision if isinstance(precision, str) else str(precision).removeprefix("torch.")
+
+
+@torch.no_grad()
+def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Makes a float32 Whisper model the int8 model described above (in place); returns it."""
+    from asr.int8 import Int8Linear, quantize_linears
+
+    decoder = model.get_decoder()
+    # The head is tied to the token embedding: quantised from the float32 rows before they are rounded.
+    model.proj_out = Int8Linear(model.get_output_embeddings())
+    for layer in decoder.layers:
+        quantize_linears(layer)
+    decoder.to(torch.bfloat16)
+    model.get_encoder().to(torch.bfloat16)
+    # Every decoder pass attends over all key slots (`asr.decoder.WhisperDecoderAdapter`): a row's logits are then
+    # the same bits in a one-token step and in a check of drafts.
+    model.attention_span = model.config.max_target_positions
+    logger.debug("int8 decoder and head, bfloat16 encoder")
+    return model
