@@ -145,7 +145,7 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
         raise ValueError("int8 drafting uses PyTorch's int8 CPU kernels; on a GPU use :bf16 or :fp16")
     from accelerate.hooks import remove_hook_from_module
 
-    from asr.int8 import Int8Linear, quantize_linears
+    from asr.int8 import Int8Linear, dequantize_linears, quantize_linears
     from asr.offload import materialized
 
     dtype = {"int8": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
@@ -157,14 +157,15 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
     decoder.to(dtype)
     for layer in source.layers:
         with materialized(layer):
-            layer_copy = remove_hook_from_module(copy.deepcopy(layer))
+            # An int8 model's layers (`--dtype int8`) are copied from their dequantised weights.
+            layer_copy = dequantize_linears(remove_hook_from_module(copy.deepcopy(layer)))
         # The copy only ever runs through WhisperDecoderAdapter, so its q, k, v projections can be one matmul.
         fuse_layer_qkv(layer_copy)
         if precision == "int8":  # quantised from the fp32 weights; norms and biases in bf16
             quantize_linears(layer_copy.float())
         decoder.layers.append(layer_copy.to(dtype))
     head = model.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:  # a draft's own head (a vocabulary subset): copied whole, as it is small
+    if not isinstance(head, torch.nn.Linear):  # a draft's own head (a vocabulary subset): copied whole, as it is small
         head_copy = copy.deepcopy(head)
         head_copy = quantize_linears(head_copy.float()).to(dtype) if precision == "int8" else head_copy.to(dtype)
     elif precision == "int8":

@@ -1,0 +1,131 @@
+"""What one step costs for `base` in each precision and with each kernel choice (issue: a cheaper step).
+
+    python scripts/bench_precision.py [--threads 2] [--out docs/figures/precision-steps]
+
+For PyTorch's default kernels in float32 (the kernels before oneDNN: `ASSISTED_WHISPER_KERNELS=aten`), and
+this library's kernels in float32, bfloat16 (where the CPU has it) and int8: the encoder per 30 s window, a
+model decoder pass over 1, 6 and 11 tokens (one step, and the check of 5 and 10 drafts), and one draft step of
+the `base-draft` and `self:int8` assistants. Configurations are measured in turn, round after round, and each
+figure is the median over rounds, so a machine that slows down mid-run slows all of them alike. The encoder
+output comes from noise: the speed does not depend on what the audio says.
+
+Writes OUT.json and OUT.md (the table in docs/precision.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from asr.assistants import make_assistant
+from asr.decoder import WhisperDecoderAdapter, encode
+from asr.precision import INT8, native_bfloat16
+from asr.registry import load_model
+from decoding.kernels import reference_kernels
+
+WIDTHS = (1, 6, 11)
+PROMPT = [50258, 50259, 50359, 50364]
+
+
+def timed_ms(fn, repeats: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats * 1000
+
+
+class Setup:
+    """One configuration: a loaded model (and its drafts) with a decoder over one window of noise."""
+
+    def __init__(self, name: str, precision, reference: bool) -> None:
+        self.name, self.reference = name, reference
+        self.bundle = load_model("base", dtype=precision)
+        self.features = torch.randn(1, self.bundle.n_mels, 3000, generator=torch.Generator().manual_seed(0))
+        with reference_kernels(reference):
+            encoder_output = encode(self.bundle.model, self.features)
+            self.decoder = WhisperDecoderAdapter(self.bundle.model, encoder_output)
+            self.drafts = {}
+            for spec in ("base-draft", "self:int8"):
+                assistant = make_assistant(spec, self.bundle)
+                self.drafts[spec] = WhisperDecoderAdapter(assistant.decoder_model, encoder_output)
+
+    def measure(self, repeats: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        with reference_kernels(self.reference):
+            out["encoder_ms"] = timed_ms(lambda: encode(self.bundle.model, self.features), 2)
+            for width in WIDTHS:
+                out[f"pass_{width}_ms"] = _pass_ms(self.decoder, width, repeats)
+            for spec, draft in self.drafts.items():
+                out[f"draft_{spec}_ms"] = _pass_ms(draft, 1, repeats)
+        return out
+
+
+def _pass_ms(decoder: WhisperDecoderAdapter, width: int, repeats: int) -> float:
+    """One pass over `width` new tokens after a 4-token prompt and 40 decoded tokens."""
+    cache = decoder.new_cache(1)
+    decoder.forward(torch.tensor([PROMPT + list(range(400, 440))]), cache, 1)
+    ids = torch.arange(1000, 1000 + width)[None]
+
+    def one() -> None:
+        decoder.forward(ids, cache, width)
+        cache.crop(44)
+
+    return timed_ms(one, repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("docs/figures/precision-steps"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    configs = [("float32, PyTorch kernels", torch.float32, True), ("float32", torch.float32, False)]
+    if native_bfloat16():
+        configs.append(("bfloat16", torch.bfloat16, False))
+    configs.append(("int8", INT8, False))
+    setups = [Setup(*config) for config in configs]
+    rounds: dict[str, list[dict[str, float]]] = {s.name: [] for s in setups}
+    for _ in range(args.rounds):
+        for setup in setups:
+            rounds[setup.name].append(setup.measure(args.repeats))
+    figures = {name: {key: round(statistics.median(r[key] for r in runs), 2) for key in runs[0]}
+               for name, runs in rounds.items()}
+    cpu = _cpu_name()
+    report = {"command": "python scripts/bench_precision.py " + f"--threads {args.threads} --rounds {args.rounds}",
+              "cpu": cpu, "threads": args.threads, "torch": torch.__version__,
+              "native_bfloat16": native_bfloat16(), "figures": figures}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    columns = ["encoder_ms", *(f"pass_{w}_ms" for w in WIDTHS), "draft_base-draft_ms", "draft_self:int8_ms"]
+    heads = ["encoder (window)", *(f"pass, {w} token{'s' * (w > 1)}" for w in WIDTHS), "base-draft step",
+             "self:int8 step"]
+    lines = [f"`{report['command']}` on {cpu}, {args.threads} threads, torch {torch.__version__}; milliseconds, "
+             f"medians of {args.rounds} interleaved rounds.", "",
+             "| configuration | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for name, row in figures.items():
+        lines.append(f"| {name} | " + " | ".join(f"{row[c]:.1f}" for c in columns) + " |")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Model precisions (`--dtype`): the int8 model, exact assisted decoding over it, and the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from asr.cli import main
+from asr.decoder import WhisperDecoderAdapter
+from asr.int8 import Int8Linear
+from asr.precision import INT8, resolve_precision
+from tests.conftest import evaldata
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+
+
+def test_precision_names_resolve_by_device(monkeypatch) -> None:
+    assert resolve_precision("auto", "cpu") == torch.float32
+    assert resolve_precision("auto", "cuda") == torch.float16
+    assert resolve_precision("int8", "cpu") == INT8
+    assert resolve_precision("bfloat16", "cuda") == torch.bfloat16
+    with pytest.raises(ValueError, match="int8 runs on the CPU only"):
+        resolve_precision("int8", "cuda")
+    with pytest.raises(ValueError, match="float16 is for GPUs"):
+        resolve_precision("float16", "cpu")
+    monkeypatch.setattr("asr.precision.native_bfloat16", lambda: False)
+    with pytest.raises(ValueError, match="no native bfloat16"):
+        resolve_precision("bfloat16", "cpu")
+
+
+def test_a_precision_this_machine_cannot_run_is_a_one_line_error(monkeypatch) -> None:
+    monkeypatch.setattr("asr.precision.native_bfloat16", lambda: False)
+    clip = str(sorted(SAMPLES.glob("*.flac"))[0])
+    for args in (["--dtype", "bfloat16", "--device", "cpu"], ["--dtype", "float16", "--device", "cpu"]):
+        result = CliRunner().invoke(main, ["transcribe", clip, *args])
+        assert result.exit_code == 2 and "--dtype" in result.output and "Traceback" not in result.output
+        assert len([line for line in result.output.splitlines() if line.startswith("Error")]) == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_int8(tiny_whisper_folder: Path):
+    from asr.registry import load_model
+
+    return load_model(str(tiny_whisper_folder), dtype=INT8)
+
+
+def test_the_int8_model_has_int8_decoder_products_and_a_bfloat16_encoder(tiny_int8) -> None:
+    model = tiny_int8.model
+    assert isinstance(model.get_output_embeddings(), Int8Linear)
+    assert all(isinstance(layer.fc1, Int8Linear) and isinstance(layer.self_attn.q_proj, Int8Linear)
+               for layer in model.get_decoder().layers)
+    assert {p.dtype for p in model.get_encoder().parameters()} == {torch.bfloat16}
+
+
+def test_an_int8_row_has_the_same_logits_in_a_step_and_in_a_check_of_drafts(tiny_int8) -> None:
+    """What makes assisted decoding over the int8 model exact: checking k drafts in one pass gives each row the
+    bits a one-token step gives it (the int8 kernel, the attention over fixed slots, the transposed products)."""
+    model = tiny_int8.model
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        encoder_output = torch.randn(1, 1500, model.config.d_model, generator=g)
+        decoder = WhisperDecoderAdapter(model, encoder_output)
+        cache = decoder.new_cache(1)
+        ids = torch.randint(0, 50000, (1, 14), generator=g)
+        decoder.forward(ids[:, :4], cache, 1)
+        steps = torch.cat([decoder.forward(ids[:, i:i + 1], cache, 1) for i in range(4, 14)], dim=1)
+        for width in (2, 5, 10):
+            decoder.crop(cache, 4)
+            check = decoder.forward(ids[:, 4:4 + width], cache, width)
+            assert torch.equal(check, steps[:, :width]), f"seed {seed} width {width}"
+
+
+@pytest.fixture(scope="module")
+def other_tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second random tiny Whisper (another seed): an assistant that almost never agrees."""
+    from tests.test_ct2 import tiny_whisper
+    from tests.test_registry import save_processor
+
+    folder = tmp_path_factory.mktemp("other-tiny-whisper")
+    tiny_whisper(seed=11).save_pretrained(folder)
+    save_processor(folder)
+    return folder
+
+
+def test_assisted_decoding_over_the_int8_model_gives_its_own_tokens(tiny_whisper_folder: Path,
+                                                                      other_tiny_folder: Path) -> None:
+    # Greedy only (a random model fails every fallback check). Assistants that always agree (the model's own
+    # int8 copy), sometimes agree (its bfloat16 copy) and almost never agree (another random model).
+    args = ["transcribe", *map(str, sorted(SAMPLES.glob("*.flac"))), "--model", str(tiny_whisper_folder),
+            "--language", "en", "-f", "json", "--threads", "1", "-q", "--temperature", "0", "--dtype", "int8"]
+    plain = CliRunner().invoke(main, args)
+    assert plain.exit_code == 0, plain.output
+    expected = [[s["tokens"] for s in json.loads(line)["segments"]] for line in plain.output.splitlines()]
+    for assistant in ("self:int8", "self:bf16", str(other_tiny_folder)):
+        for k in ("1", "4"):
+            assisted = CliRunner().invoke(main, [*args, "--assistant", assistant, "--num-assistant-tokens", k])
+            assert assisted.exit_code == 0, assisted.output
+            rows = [json.loads(line) for line in assisted.output.splitlines()]
+            assert [[s["tokens"] for s in r["segments"]] for r in rows] == expected, (assistant, k)
+            assert sum(r["stats"]["drafted_tokens"] for r in rows) > 0
+
+
+def test_int8_base_transcribes_like_float32_and_its_draft_keeps_its_words(base) -> None:
+    from asr.assistants import make_assistant
+    from asr.options import TranscribeOptions
+    from asr.registry import load_model
+    from asr.transcribe import transcribe
+    from audio import load_audio
+    from eval.wer import word_error_rate
+
+    int8 = load_model("base", dtype=INT8)
+    audio = load_audio(evaldata("longform", "voxpopuli-en-000.ogg"))
+    options = TranscribeOptions(language="en")
+    reference = transcribe(base, audio, options)
+    plain = transcribe(int8, audio, options)
+    assert word_error_rate([reference.text], [plain.text]) < 0.05
+    for spec in ("base-draft:int8", "self:bf16"):
+        assisted = transcribe(int8, audio, options, make_assistant(spec, int8))
+        assert [s.tokens for s in assisted.segments] == [s.tokens for s in plain.segments], spec
+        assert assisted.stats.generation.accepted_tokens > 0
