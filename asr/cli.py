@@ -109,6 +109,7 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
 @main.command()
 def models() -> None:
     """List known model names: what each resolves to, whether installed and converted."""
+    from asr.precision import cpu_precisions
     from asr.registry import known_models
 
     rows = [(m.name, "yes" if m.installed else "no", "yes" if m.cached else "no", m.resolves_to)
@@ -117,6 +118,7 @@ def models() -> None:
     click.echo(f"{'name':<{width}}  installed  cached  source")
     for name, installed, cached, source in rows:
         click.echo(f"{name:<{width}}  {installed:<9}  {cached:<6}  {source}")
+    click.echo(f"\n--dtype on this machine's CPU: {', '.join(cpu_precisions())} (auto: float32)")
 
 
 @main.command()

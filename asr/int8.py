@@ -50,7 +50,6 @@ class Int8Linear(torch.nn.Module):
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
-
     def to_linear(self) -> torch.nn.Linear:
         """A plain Linear with the dequantised weights, in the activations' dtype."""
         linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,

@@ -26,6 +26,11 @@ def native_bfloat16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
+def cpu_precisions() -> list[str]:
+    """The `--dtype` names this machine's CPU runs: bfloat16 only where it is native."""
+    return ["float32", *(["bfloat16"] if native_bfloat16() else []), INT8]
+
+
 def resolve_precision(name: str, device: str) -> Precision:
     """The precision `--dtype NAME` means on `device` (cpu, cuda, mps).
 

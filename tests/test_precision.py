@@ -122,3 +122,12 @@ def test_int8_base_transcribes_like_float32_and_its_draft_keeps_its_words(base) 
         assisted = transcribe(int8, audio, options, make_assistant(spec, int8))
         assert [s.tokens for s in assisted.segments] == [s.tokens for s in plain.segments], spec
         assert assisted.stats.generation.accepted_tokens > 0
+
+
+def test_asr_models_says_which_precisions_this_cpu_runs(monkeypatch) -> None:
+    result = CliRunner().invoke(main, ["models"])
+    assert result.exit_code == 0 and "base" in result.output
+    assert "--dtype on this machine's CPU: float32" in result.output and "int8" in result.output
+    monkeypatch.setattr("asr.precision.native_bfloat16", lambda: False)
+    result = CliRunner().invoke(main, ["models"])
+    assert "float32, int8 (auto: float32)" in result.output
