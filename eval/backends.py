@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import multiprocessing
 import os
 import time
 from dataclasses import dataclass, replace
@@ -247,11 +248,17 @@ class _PassCounter:
 
 class FasterWhisperBackend:
     """faster-whisper (CTranslate2) on the same weights, greedy: beam 1, the same temperature fallback; with
-    `batched=N` its `BatchedInferencePipeline` (its VAD, chunks of 30 s, its defaults otherwise)."""
+    `batched=N` its `BatchedInferencePipeline` (its VAD, chunks of 30 s, its defaults otherwise).
+
+    It runs in a process of its own, as its users run it: once CTranslate2 had decoded in our process, PyTorch's
+    decoding there took 1.3-1.5x as long for the rest of the run (two OpenMP runtimes and two oneDNN copies in
+    one process; the cause was not pinned down), which would make every comparison unfair to one side.
+    The samples go to it through a pipe (10 MB for 158 s, milliseconds) inside the timed call.
+    """
 
     def __init__(self, config: EvalConfig, model_name: str, device: str, threads: int) -> None:
         try:
-            from faster_whisper import WhisperModel
+            import faster_whisper  # noqa: F401  (whether it is installed; the model loads in the worker)
         except ImportError:
             raise BackendUnavailable("the faster-whisper package is not installed (pip install faster-whisper)") \
                 from None
@@ -262,26 +269,72 @@ class FasterWhisperBackend:
         on_gpu = device.startswith("cuda")
         # The weights are float16; on a CPU CTranslate2 would compute in float32 anyway (and warn about it).
         compute_type = config.compute_type or ("default" if on_gpu else "float32")
-        try:
-            self.model = WhisperModel(str(folder), device="cuda" if on_gpu else "cpu", compute_type=compute_type,
-                                      cpu_threads=threads, local_files_only=True)
-        except ValueError as error:  # CTranslate2 names a compute type it cannot use here
-            raise BackendUnavailable(f"faster-whisper cannot load {folder}: {error}") from None
-        self.pipeline = None
-        if config.batch_size is not None:
-            from faster_whisper import BatchedInferencePipeline
-
-            self.pipeline = BatchedInferencePipeline(self.model)
+        context = multiprocessing.get_context("spawn")
+        self._connection, child = context.Pipe()
+        self._process = context.Process(
+            target=_faster_whisper_worker, daemon=True,
+            args=(child, str(folder), "cuda" if on_gpu else "cpu", compute_type, threads, config.batch_size))
+        self._process.start()
+        child.close()
+        kind, message = self._receive()
+        if kind != "ready":
+            self.close()
+            raise BackendUnavailable(f"faster-whisper cannot load {folder}: {message}")
 
     def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
-        if self.pipeline is not None:
-            segments, info = self.pipeline.transcribe(samples, language=language, beam_size=1,
-                                                      batch_size=self.config.batch_size)
-        else:
-            segments, info = self.model.transcribe(samples, language=language, beam_size=1, vad_filter=False)
-        segments = list(segments)  # the generator decodes as it is consumed
-        return Decoded(text="".join(s.text for s in segments), language=info.language,
-                       generated_tokens=sum(len(s.tokens) for s in segments))
+        self._connection.send((samples, language))
+        kind, payload = self._receive()
+        if kind != "ok":
+            raise RuntimeError(f"faster-whisper: {payload}")
+        text, detected, tokens = payload
+        return Decoded(text=text, language=detected, generated_tokens=tokens)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._connection.send(None)
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
+
+    def _receive(self) -> tuple[str, Any]:
+        try:
+            return self._connection.recv()
+        except EOFError:
+            return "error", f"its worker process ended (exit code {self._process.exitcode})"
+
+
+def _faster_whisper_worker(connection: Any, folder: str, device: str, compute_type: str, threads: int,
+                           batch_size: int | None) -> None:
+    """The faster-whisper side of `FasterWhisperBackend`: loads the model, then decodes what comes down the pipe
+    until None (or the pipe closes)."""
+    try:
+        from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+        model = WhisperModel(folder, device=device, compute_type=compute_type, cpu_threads=threads,
+                             local_files_only=True)
+        pipeline = BatchedInferencePipeline(model) if batch_size is not None else None
+    except Exception as error:  # CTranslate2 names a compute type it cannot use here, among others
+        connection.send(("error", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"))
+        return
+    connection.send(("ready", None))
+    while True:
+        try:
+            request = connection.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        samples, language = request
+        try:
+            if pipeline is not None:
+                segments, info = pipeline.transcribe(samples, language=language, beam_size=1, batch_size=batch_size)
+            else:
+                segments, info = model.transcribe(samples, language=language, beam_size=1, vad_filter=False)
+            segments = list(segments)  # the generator decodes as it is consumed
+            connection.send(("ok", ("".join(s.text for s in segments), info.language,
+                                    sum(len(s.tokens) for s in segments))))
+        except Exception as error:  # one failed item, reported by the runner like any other backend's
+            connection.send(("error", f"{type(error).__name__}: {error}"))
 
 
 def ct2_folder(model_name: str) -> Path | None:
