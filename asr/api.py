@@ -10,6 +10,7 @@ import torch
 from asr.assistants import make_assistant
 from asr.offload import OffloadOptions
 from asr.options import TranscribeOptions
+from asr.precision import Precision
 from asr.registry import load_model
 from asr.results import Transcript
 from asr.transcribe import transcribe
@@ -20,7 +21,7 @@ __all__ = ["OffloadOptions", "TranscribeOptions", "load_pair", "transcribe_file"
 PROGRESS_MIN_SECONDS = 60.0
 
 
-def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype: Precision = torch.float32,
               offload: OffloadOptions | None = None) -> tuple[Any, Any]:
     """Loads the model (offloading its decoder layers if asked: `asr.offload`) and resolves `assistant` for it
     (see `asr.assistants.make_assistant`).

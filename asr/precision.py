@@ -65,10 +65,6 @@ def compute_dtype(precision: Precision) -> torch.dtype:
     return torch.bfloat16 if precision == INT8 else precision
 
 
-def precision_name(precision: Precision) -> str:
-    return precision if isinstance(precision, str) else str(precision).removeprefix("torch.")
-
-
 @torch.no_grad()
 def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     """Makes a float32 Whisper model the int8 model described above (in place); returns it."""

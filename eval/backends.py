@@ -397,9 +397,8 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, de
         ValueError: an assistant that does not exist or cannot work with the model (before any decoding).
     """
     from asr.assistants import make_assistant
-    from asr.registry import load_model
-
     from asr.precision import resolve_precision
+    from asr.registry import load_model
 
     assistants: dict[tuple[str, Any], Any] = {}
     bundles: dict[str, Any] = {}

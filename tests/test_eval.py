@@ -125,6 +125,10 @@ def test_report_folder_from_a_summary(tmp_path: Path) -> None:
                                                  batch_size=8)),
     ("batched:4,timestamps=off", EvalConfig("batched:4,timestamps=off", "batched", batch_size=4, timestamps=False)),
     ("faster-whisper,batched=8", EvalConfig("faster-whisper,batched=8", "faster-whisper", batch_size=8)),
+    ("greedy,dtype=int8", EvalConfig("greedy,dtype=int8", "greedy", dtype="int8")),
+    ("assisted:base-draft:int8,dtype=int8,kernels=aten", EvalConfig(
+        "assisted:base-draft:int8,dtype=int8,kernels=aten", "assisted", "base-draft:int8", dtype="int8",
+        reference_kernels=True)),
 ])
 def test_configurations_parse(text: str, expected: EvalConfig) -> None:
     assert parse_config(text) == expected
@@ -145,6 +149,9 @@ def test_configurations_parse(text: str, expected: EvalConfig) -> None:
     ("greedy,vad=maybe", "vad must be on or off"),
     ("faster-whisper,batched=0", "batched must be a whole number >= 1"),
     ("transformers,vad", "unknown option 'vad' for transformers"),
+    ("greedy,dtype=int4", "unknown dtype 'int4'"),
+    ("greedy,kernels=mkl", "kernels takes only aten"),
+    ("faster-whisper,dtype=int8", "unknown option 'dtype' for faster-whisper"),
 ])
 def test_bad_configurations_say_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
