@@ -20,9 +20,9 @@ from typing import Any, Callable
 import torch
 
 from asr.decoder import WhisperDecoderAdapter, encode, fuse_layer_qkv
-from asr.precision import Precision, compute_dtype
 from asr.logit_rules import whisper_filters
 from asr.offload import offload_store
+from asr.precision import Precision, compute_dtype
 from decoding import AssistantDraft, DraftSource, LogitsFilter
 from decoding.universal import CrossTokenizerDraft
 

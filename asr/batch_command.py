@@ -10,7 +10,14 @@ from pathlib import Path
 
 import click
 
-from asr.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_offload, setup_runtime
+from asr.runtime import (
+    DEVICES,
+    DTYPE_HELP,
+    DTYPES,
+    offload_options,
+    parse_offload,
+    setup_runtime,
+)
 
 
 @click.command("batch", context_settings={"help_option_names": ["-h", "--help"]})

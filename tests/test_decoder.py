@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from asr.decoder import WhisperDecoderAdapter, encode
-from decoding.kernels import reference_kernels
 from audio import load_audio
 from audio.features import log_mel, pad_or_trim
+from decoding.kernels import reference_kernels
 from tests.conftest import evaldata
 
 
