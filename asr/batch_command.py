@@ -10,14 +10,7 @@ from pathlib import Path
 
 import click
 
-from asr.runtime import (
-    DEVICES,
-    DTYPE_HELP,
-    DTYPES,
-    offload_options,
-    parse_offload,
-    setup_runtime,
-)
+from asr.runtime import DEVICES, DTYPES, DTYPE_HELP, offload_options, parse_offload, setup_runtime
 
 
 @click.command("batch", context_settings={"help_option_names": ["-h", "--help"]})

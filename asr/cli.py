@@ -7,15 +7,7 @@ import sys
 
 import click
 
-from asr.runtime import (
-    DEVICES,
-    DTYPE_HELP,
-    DTYPES,
-    TEXT_DTYPES,
-    offload_options,
-    parse_offload,
-    setup_runtime,
-)
+from asr.runtime import DEVICES, DTYPES, DTYPE_HELP, TEXT_DTYPES, offload_options, parse_offload, setup_runtime
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
