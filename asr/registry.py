@@ -47,7 +47,7 @@ from asr.convert import (
 from asr.ct2 import ModelFileError
 from asr.offload import OffloadError, OffloadOptions, load_offloaded, resolve_offload
 from asr.precision import INT8, Precision, load_dtype, quantize_model
-from decoding.kernels import OneDnnLinear, use_onednn
+from decoding.kernels import use_cpu_kernels
 
 __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
            "WhisperBundle", "cache_dir", "known_models", "load_model"]
@@ -272,10 +272,7 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
         if dtype == INT8:
             quantize_model(model)
     if device == "cpu":
-        use_onednn(model)
-        head = model.get_output_embeddings()
-        if isinstance(head, OneDnnLinear):
-            head.pack()
+        use_cpu_kernels(model)
     tokenizer = WhisperTokenizerFast.from_pretrained(src, **hub)
     feature_extractor = WhisperFeatureExtractor.from_pretrained(src, **hub)
     if feature_extractor.feature_size != config.num_mel_bins:

@@ -84,6 +84,15 @@ def use_onednn(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+def use_cpu_kernels(model: torch.nn.Module) -> torch.nn.Module:
+    """`use_onednn` over a loaded model, and its output head packed (`OneDnnLinear.pack`); returns it."""
+    use_onednn(model)
+    head = model.get_output_embeddings()
+    if isinstance(head, OneDnnLinear):
+        head.pack()
+    return model
+
+
 class Attention:
     """`attention(q, k, v, mask=None)` for `[batch, heads, rows, head_dim]` tensors, softmax scale 1/sqrt(d).
 
