@@ -37,13 +37,7 @@ from transformers import (
     WhisperTokenizerFast,
 )
 
-from asr.convert import (
-    CONVERTER_VERSION,
-    SpecialTokens,
-    build_generation_config,
-    convert_ct2,
-    special_tokens,
-)
+from asr.convert import CONVERTER_VERSION, SpecialTokens, build_generation_config, convert_ct2, special_tokens
 from asr.ct2 import ModelFileError
 from asr.offload import OffloadError, OffloadOptions, load_offloaded, resolve_offload
 from asr.precision import INT8, Precision, load_dtype, quantize_model
