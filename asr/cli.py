@@ -25,7 +25,7 @@ def main() -> None:
 @click.option("--output-format", "-f", default="txt", show_default=True,
               type=click.Choice(["txt", "srt", "vtt", "tsv", "json", "all"]))
 @click.option("--output-dir", "-o", default=None, type=click.Path(file_okay=False),
-              help="Write DIR/<name>.<format>; without it the text goes to stdout.")
+              help="Write DIR/<name>.<format>; without it the chosen format goes to stdout (txt: the text).")
 @click.option("--without-timestamps", is_flag=True,
               help="Decode without timestamp tokens: one segment per 30 s window (per chunk with --batch-size).")
 @click.option("--word-timestamps", is_flag=True, help="Add word-level times (alignment heads and DTW).")
@@ -60,7 +60,7 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
                vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s) -> None:
     """Transcribe (or translate) audio FILES of any length."""
     from asr.api import TranscribeOptions, load_pair, transcribe_file
-    from asr.writers import output_formats, write_outputs
+    from asr.writers import WRITERS, output_formats, write_outputs
 
     device, torch_dtype = setup_runtime(device, dtype, threads)
     offloading = parse_offload(offload, offload_folder, max_memory)
@@ -76,6 +76,8 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
             num_assistant_tokens=num_assistant_tokens, vad=vad_options, batch_size=batch_size,
         )
         formats = output_formats(output_format)
+        if output_dir is None and len(formats) > 1:
+            raise ValueError("-f all writes one file per format: give an output folder with -o DIR")
         bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
@@ -89,10 +91,10 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
             continue
         if output_dir is not None:
             write_outputs(transcript, path, output_dir, formats)
-        elif output_format == "json":
-            click.echo(json.dumps(transcript.to_dict(), ensure_ascii=False))
-        else:
+        elif output_format == "txt":
             click.echo(transcript.text.strip())
+        else:  # srt, vtt, tsv or json on stdout, as the file would hold it
+            WRITERS[output_format](transcript, sys.stdout)
     if failures:
         click.echo(f"{failures} of {len(files)} file(s) failed", err=True)
         sys.exit(1)

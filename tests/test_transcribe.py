@@ -111,3 +111,20 @@ def test_unknown_language_and_english_only_translation_are_refused(base, tiny_en
         transcribe(base, str(SAMPLES / "park.flac"), TranscribeOptions(language="klingon"))
     with pytest.raises(ValueError, match="English-only"):
         transcribe(tiny_en, str(SAMPLES / "park.flac"), TranscribeOptions(task="translate"))
+
+
+def test_a_subtitle_format_without_an_output_folder_goes_to_stdout(base) -> None:
+    from click.testing import CliRunner
+
+    from asr.cli import main
+
+    clip = str(SAMPLES / "park.flac")
+    srt = CliRunner().invoke(main, ["transcribe", clip, "-f", "srt", "--language", "en", "-q"])
+    assert srt.exit_code == 0, srt.output
+    lines = srt.output.splitlines()
+    assert lines[0] == "1" and " --> " in lines[1] and lines[1].startswith("00:00:")
+    assert "children were playing in the park" in srt.output
+    vtt = CliRunner().invoke(main, ["transcribe", clip, "-f", "vtt", "--language", "en", "-q"])
+    assert vtt.exit_code == 0 and vtt.output.startswith("WEBVTT")
+    every = CliRunner().invoke(main, ["transcribe", clip, "-f", "all"])
+    assert every.exit_code == 1 and "give an output folder with -o DIR" in every.output
