@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from asr.cli import main
 from asr.decoder import WhisperDecoderAdapter
 from asr.int8 import Int8Linear
-from asr.precision import INT8, resolve_precision
+from asr.precision import INT8, native_bfloat16, resolve_precision
 from tests.conftest import evaldata
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
@@ -48,6 +48,11 @@ def tiny_int8(tiny_whisper_folder: Path):
     return load_model(str(tiny_whisper_folder), dtype=INT8)
 
 
+# The precisions whose assisted decoding is bit-exact on a CPU: int8, and bfloat16 where the CPU has it.
+EXACT = ["int8", pytest.param("bfloat16", marks=pytest.mark.skipif(not native_bfloat16(),
+                                                                      reason="no native bfloat16 on this CPU"))]
+
+
 def test_the_int8_model_has_int8_decoder_products_and_a_bfloat16_encoder(tiny_int8) -> None:
     model = tiny_int8.model
     assert isinstance(model.get_output_embeddings(), Int8Linear)
@@ -56,10 +61,15 @@ def test_the_int8_model_has_int8_decoder_products_and_a_bfloat16_encoder(tiny_in
     assert {p.dtype for p in model.get_encoder().parameters()} == {torch.bfloat16}
 
 
-def test_an_int8_row_has_the_same_logits_in_a_step_and_in_a_check_of_drafts(tiny_int8) -> None:
-    """What makes assisted decoding over the int8 model exact: checking k drafts in one pass gives each row the
-    bits a one-token step gives it (the int8 kernel, the attention over fixed slots, the transposed products)."""
-    model = tiny_int8.model
+@pytest.mark.parametrize("precision", EXACT)
+def test_a_row_has_the_same_logits_in_a_step_and_in_a_check_of_drafts(tiny_whisper_folder: Path,
+                                                                       precision: str) -> None:
+    """What makes assisted decoding over the int8 and bfloat16 models exact: checking k drafts in one pass gives
+    each row the bits a one-token step gives it (row-independent products, attention over fixed slots, the
+    transposed weighted sum)."""
+    from asr.registry import load_model
+
+    model = load_model(str(tiny_whisper_folder), dtype=resolve_precision(precision, "cpu")).model
     for seed in range(6):
         g = torch.Generator().manual_seed(seed)
         encoder_output = torch.randn(1, 1500, model.config.d_model, generator=g)
@@ -86,12 +96,13 @@ def other_tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_assisted_decoding_over_the_int8_model_gives_its_own_tokens(tiny_whisper_folder: Path,
-                                                                      other_tiny_folder: Path) -> None:
+@pytest.mark.parametrize("precision", EXACT)
+def test_assisted_decoding_gives_the_low_precision_models_own_tokens(tiny_whisper_folder: Path,
+                                                                      other_tiny_folder: Path, precision: str) -> None:
     # Greedy only (a random model fails every fallback check). Assistants that always agree (the model's own
     # int8 copy), sometimes agree (its bfloat16 copy) and almost never agree (another random model).
     args = ["transcribe", *map(str, sorted(SAMPLES.glob("*.flac"))), "--model", str(tiny_whisper_folder),
-            "--language", "en", "-f", "json", "--threads", "1", "-q", "--temperature", "0", "--dtype", "int8"]
+            "--language", "en", "-f", "json", "--threads", "1", "-q", "--temperature", "0", "--dtype", precision]
     plain = CliRunner().invoke(main, args)
     assert plain.exit_code == 0, plain.output
     expected = [[s["tokens"] for s in json.loads(line)["segments"]] for line in plain.output.splitlines()]
@@ -122,6 +133,23 @@ def test_int8_base_transcribes_like_float32_and_its_draft_keeps_its_words(base) 
         assisted = transcribe(int8, audio, options, make_assistant(spec, int8))
         assert [s.tokens for s in assisted.segments] == [s.tokens for s in plain.segments], spec
         assert assisted.stats.generation.accepted_tokens > 0
+
+
+@pytest.mark.skipif(not native_bfloat16(), reason="no native bfloat16 on this CPU")
+def test_bfloat16_base_with_its_draft_keeps_its_words(base) -> None:
+    from asr.assistants import make_assistant
+    from asr.options import TranscribeOptions
+    from asr.registry import load_model
+    from asr.transcribe import transcribe
+    from audio import load_audio
+
+    bf16 = load_model("base", dtype=torch.bfloat16)
+    audio = load_audio(evaldata("longform", "voxpopuli-en-000.ogg"))
+    options = TranscribeOptions(language="en")
+    plain = transcribe(bf16, audio, options)
+    assisted = transcribe(bf16, audio, options, make_assistant("base-draft", bf16))
+    assert [s.tokens for s in assisted.segments] == [s.tokens for s in plain.segments]
+    assert assisted.stats.generation.accepted_tokens > 0
 
 
 def test_asr_models_says_which_precisions_this_cpu_runs(monkeypatch) -> None:
