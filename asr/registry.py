@@ -40,7 +40,7 @@ from transformers import (
 from asr.convert import CONVERTER_VERSION, SpecialTokens, build_generation_config, convert_ct2, special_tokens
 from asr.ct2 import ModelFileError
 from asr.offload import OffloadError, OffloadOptions, load_offloaded, resolve_offload
-from asr.precision import INT8, Precision, exact_bfloat16_checks, load_dtype, quantize_model
+from asr.precision import INT8, Precision, load_dtype, pack_decoder, quantize_model
 from decoding.kernels import use_cpu_kernels
 
 __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
@@ -268,7 +268,7 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
     if device == "cpu":
         use_cpu_kernels(model)
         if dtype == torch.bfloat16:
-            exact_bfloat16_checks(model)
+            pack_decoder(model)
     tokenizer = WhisperTokenizerFast.from_pretrained(src, **hub)
     feature_extractor = WhisperFeatureExtractor.from_pretrained(src, **hub)
     if feature_extractor.feature_size != config.num_mel_bins:

@@ -121,8 +121,7 @@ class Attention:
         if mask is not None:
             scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, -torch.inf)
         weights = scores.softmax(-1)
-        if ready:
-            # values.T @ weights.T: each query row's sum over the keys then runs in the same order whatever the
-            # number of rows (weights @ values switches kernels between one row and several).
-            return (v @ weights.transpose(-1, -2)).transpose(-1, -2)
-        return weights @ v
+        # values.T @ weights.T: each query row's sum over the keys then runs in the same order whatever the
+        # number of rows (weights @ values switches kernels between one row and several, and rounds differently).
+        values_t = v if ready else v.transpose(-1, -2).contiguous()
+        return (values_t @ weights.transpose(-1, -2)).transpose(-1, -2)

@@ -48,9 +48,9 @@ def tiny_int8(tiny_whisper_folder: Path):
     return load_model(str(tiny_whisper_folder), dtype=INT8)
 
 
-# The precisions whose assisted decoding is bit-exact on a CPU: int8, and bfloat16 where the CPU has it.
-EXACT = ["int8", pytest.param("bfloat16", marks=pytest.mark.skipif(not native_bfloat16(),
-                                                                      reason="no native bfloat16 on this CPU"))]
+# The precisions whose assisted decoding is bit-exact on a CPU (bfloat16's packed products are not
+# row-independent for every row count: `asr.precision.pack_decoder`).
+EXACT = ["int8"]
 
 
 def test_the_int8_model_has_int8_decoder_products_and_a_bfloat16_encoder(tiny_int8) -> None:
@@ -64,9 +64,9 @@ def test_the_int8_model_has_int8_decoder_products_and_a_bfloat16_encoder(tiny_in
 @pytest.mark.parametrize("precision", EXACT)
 def test_a_row_has_the_same_logits_in_a_step_and_in_a_check_of_drafts(tiny_whisper_folder: Path,
                                                                        precision: str) -> None:
-    """What makes assisted decoding over the int8 and bfloat16 models exact: checking k drafts in one pass gives
-    each row the bits a one-token step gives it (row-independent products, attention over fixed slots, the
-    transposed weighted sum)."""
+    """What makes assisted decoding over the int8 model exact: checking k drafts in one pass gives each row the
+    bits a one-token step gives it (row-independent products, attention over fixed slots, the transposed
+    weighted sums)."""
     from asr.registry import load_model
 
     model = load_model(str(tiny_whisper_folder), dtype=resolve_precision(precision, "cpu")).model
@@ -133,23 +133,6 @@ def test_int8_base_transcribes_like_float32_and_its_draft_keeps_its_words(base) 
         assisted = transcribe(int8, audio, options, make_assistant(spec, int8))
         assert [s.tokens for s in assisted.segments] == [s.tokens for s in plain.segments], spec
         assert assisted.stats.generation.accepted_tokens > 0
-
-
-@pytest.mark.skipif(not native_bfloat16(), reason="no native bfloat16 on this CPU")
-def test_bfloat16_base_with_its_draft_keeps_its_words(base) -> None:
-    from asr.assistants import make_assistant
-    from asr.options import TranscribeOptions
-    from asr.registry import load_model
-    from asr.transcribe import transcribe
-    from audio import load_audio
-
-    bf16 = load_model("base", dtype=torch.bfloat16)
-    audio = load_audio(evaldata("longform", "voxpopuli-en-000.ogg"))
-    options = TranscribeOptions(language="en")
-    plain = transcribe(bf16, audio, options)
-    assisted = transcribe(bf16, audio, options, make_assistant("base-draft", bf16))
-    assert [s.tokens for s in assisted.segments] == [s.tokens for s in plain.segments]
-    assert assisted.stats.generation.accepted_tokens > 0
 
 
 def test_asr_models_says_which_precisions_this_cpu_runs(monkeypatch) -> None:
