@@ -73,13 +73,17 @@ def tiny_en(session_cache: Path):
     return load_model("tiny.en")
 
 
-@pytest.fixture(scope="module")
-def tiny_whisper_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random two-layer Whisper (d_model 64) with base's tokenizer, saved as a local transformers folder."""
+def tiny_whisper_in(folder: Path, seed: int) -> Path:
+    """A random two-layer Whisper (d_model 64) with base's tokenizer, saved in `folder` as a transformers folder."""
     from tests.test_ct2 import tiny_whisper
     from tests.test_registry import save_processor
 
-    folder = tmp_path_factory.mktemp("tiny-whisper")
-    tiny_whisper(seed=3).save_pretrained(folder)
+    tiny_whisper(seed=seed).save_pretrained(folder)
     save_processor(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_whisper_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_whisper_in` with seed 3."""
+    return tiny_whisper_in(tmp_path_factory.mktemp("tiny-whisper"), seed=3)

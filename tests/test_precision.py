@@ -13,7 +13,7 @@ from asr.cli import main
 from asr.decoder import WhisperDecoderAdapter
 from asr.int8 import Int8Linear
 from asr.precision import INT8, native_bfloat16, resolve_precision
-from tests.conftest import evaldata
+from tests.conftest import evaldata, tiny_whisper_in
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
@@ -87,13 +87,7 @@ def test_a_row_has_the_same_logits_in_a_step_and_in_a_check_of_drafts(tiny_whisp
 @pytest.fixture(scope="module")
 def other_tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A second random tiny Whisper (another seed): an assistant that almost never agrees."""
-    from tests.test_ct2 import tiny_whisper
-    from tests.test_registry import save_processor
-
-    folder = tmp_path_factory.mktemp("other-tiny-whisper")
-    tiny_whisper(seed=11).save_pretrained(folder)
-    save_processor(folder)
-    return folder
+    return tiny_whisper_in(tmp_path_factory.mktemp("other-tiny-whisper"), seed=11)
 
 
 @pytest.mark.parametrize("precision", EXACT)
