@@ -51,7 +51,7 @@ class WhisperDecoderAdapter:
         self.max_length = int(config.max_target_positions)
         self.device = encoder_output.device
         self.dtype = self.embed_positions.dtype
-        self.attention = Attention(self.dtype, self.device)
+        self.attention = Attention(self.device)
         # Self-attention over a fixed number of key slots (masked past each row's position) for decoders whose
         # other products compute each row on its own (`asr.precision.quantize_model`): then a row's softmax and
         # weighted sum run over the same slots in a one-token step and in a check of many drafts, and its
@@ -60,8 +60,8 @@ class WhisperDecoderAdapter:
         self.capacity = max(capacity, self.span or 0)
         with torch.inference_mode():
             encoder_output = encoder_output.to(self.dtype)
-            self.cross = [(self.attention.keys(self._split(layer.cross_k(encoder_output))),
-                           self.attention.values(self._split(layer.cross_v(encoder_output))))
+            self.cross = [(self.attention.prepare(self._split(layer.cross_k(encoder_output))),
+                           self.attention.prepare(self._split(layer.cross_v(encoder_output))))
                           for layer in self._plans()]
 
     def _plans(self) -> Iterator[_LayerPlan]:

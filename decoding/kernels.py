@@ -40,12 +40,17 @@ def _onednn(weight: torch.Tensor) -> bool:
             and weight.layout == torch.strided and torch.backends.mkldnn.is_available())
 
 
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's linear with no fused activation; `weight` dense or packed (`OneDnnLinear.pack`)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 def linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None) -> Fn:
     """`x -> x @ weight.T + bias` through oneDNN on a CPU (float32, bfloat16; over `packed`, the weight in
     oneDNN's layout, when given), `F.linear` elsewhere."""
     if _onednn(weight):
         operand = weight if packed is None else packed
-        return lambda x: torch.ops.mkldnn._linear_pointwise(x, operand, bias, "none", [], "")
+        return lambda x: _onednn_linear(x, operand, bias)
     return lambda x: F.linear(x, weight, bias)
 
 
@@ -59,8 +64,7 @@ class OneDnnLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad) or not _onednn(self.weight):
             return F.linear(x, self.weight, self.bias)
-        weight = self.weight if self.packed is None else self.packed
-        return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
+        return _onednn_linear(x, self.weight if self.packed is None else self.packed, self.bias)
 
     def __getstate__(self) -> dict:
         # Copies and pickles leave the packed copy out (an opaque oneDNN tensor cannot be copied); `pack` again.
@@ -96,22 +100,18 @@ def use_cpu_kernels(model: torch.nn.Module) -> torch.nn.Module:
 class Attention:
     """`attention(q, k, v, mask=None)` for `[batch, heads, rows, head_dim]` tensors, softmax scale 1/sqrt(d).
 
-    On a CPU it is product, softmax, product over keys and values that `keys` and `values` lay out once for all
-    steps (the cross-attention's: a product over a strided operand copies it, 1,500 rows a call). SDPA's CPU
+    On a CPU it is product, softmax, product over keys and values that `prepare` lays out once for all steps
+    (the cross-attention's: a product over a strided operand copies it, 1,500 rows a call). SDPA's CPU
     kernel is made for many query rows: with a few, base's decoder pass took 18.0 ms through it in float32
     against 15.4 ms so, and in bfloat16 one call took 5x as long. On other devices it is SDPA.
     """
 
-    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
-        self.plain = not _REFERENCE.get() and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16, torch.float16)
+    def __init__(self, device: torch.device) -> None:
+        self.plain = not _REFERENCE.get() and device.type == "cpu"
 
-    def keys(self, k: torch.Tensor) -> torch.Tensor:
-        """Keys read by many calls, in the layout `__call__(..., ready=True)` takes."""
-        return k.transpose(-1, -2).contiguous() if self.plain else k
-
-    def values(self, v: torch.Tensor) -> torch.Tensor:
-        """Values read by many calls, in the layout `__call__(..., ready=True)` takes (transposed, like the keys)."""
-        return v.transpose(-1, -2).contiguous() if self.plain else v
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """Keys or values read by many calls, in the layout `__call__(..., ready=True)` takes (transposed)."""
+        return x.transpose(-1, -2).contiguous() if self.plain else x
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
                  ready: bool = False) -> torch.Tensor:
@@ -123,5 +123,4 @@ class Attention:
         weights = scores.softmax(-1)
         # values.T @ weights.T: each query row's sum over the keys then runs in the same order whatever the
         # number of rows (weights @ values switches kernels between one row and several, and rounds differently).
-        values_t = v if ready else v.transpose(-1, -2).contiguous()
-        return (values_t @ weights.transpose(-1, -2)).transpose(-1, -2)
+        return ((v if ready else self.prepare(v)) @ weights.transpose(-1, -2)).transpose(-1, -2)

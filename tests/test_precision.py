@@ -41,6 +41,14 @@ def test_a_precision_this_machine_cannot_run_is_a_one_line_error(monkeypatch) ->
         assert len([line for line in result.output.splitlines() if line.startswith("Error")]) == 1
 
 
+def test_int8_with_offloading_is_a_one_line_error(tiny_whisper_folder: Path) -> None:
+    clip = str(sorted(SAMPLES.glob("*.flac"))[0])
+    result = CliRunner().invoke(main, ["transcribe", clip, "--model", str(tiny_whisper_folder), "--dtype", "int8",
+                                       "--offload", "disk"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip() == "Error: int8 models run on the CPU, without --offload"
+
+
 @pytest.fixture(scope="module")
 def tiny_int8(tiny_whisper_folder: Path):
     from asr.registry import load_model
