@@ -11,7 +11,7 @@ __all__ = ["TranscribeOptions", "load_model", "make_assistant", "transcribe"]
 def __getattr__(name: str):
     # Lazy, so `asr --help` answers without importing torch and transformers.
     if name == "load_model":
-        from asr.registry import load_model
+        from asr.models.registry import load_model
 
         return load_model
     if name == "transcribe":
@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
         return TranscribeOptions
     if name == "make_assistant":
-        from asr.assistants import make_assistant
+        from asr.assist.choose import make_assistant
 
         return make_assistant
     raise AttributeError(name)

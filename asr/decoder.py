@@ -1,4 +1,4 @@
-"""Whisper's encoder and decoder as seen by the generic engine."""
+"""Whisper's decoder as the generic engine sees it: a model adapter over a batch of windows' encoder outputs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from asr.offload import offload_store
+from asr.models.offload import offload_store
 from decoding.causal_lm import layer_norm_fn, linear_fn
 from decoding.kernels import Attention, linear
 from decoding.kv_cache import StaticKVCache, causal_mask
@@ -31,7 +31,7 @@ class WhisperDecoderAdapter:
 
     def __init__(self, model: torch.nn.Module, encoder_output: torch.Tensor, capacity: int = 256) -> None:
         decoder = model.get_decoder()
-        # Offloaded layers (asr.offload) are planned per pass, over weights fetched just before they run.
+        # Offloaded layers (asr.models.offload) are planned per pass, over weights fetched just before they run.
         self.store = offload_store(model)
         offloaded = self.store.layers if self.store is not None else {}
         self.layers = [None if i in offloaded else _LayerPlan.of(layer) for i, layer in enumerate(decoder.layers)]
@@ -53,7 +53,7 @@ class WhisperDecoderAdapter:
         self.dtype = self.embed_positions.dtype
         self.attention = Attention(self.device)
         # Self-attention over a fixed number of key slots (masked past each row's position) for decoders whose
-        # other products compute each row on its own (`asr.precision.quantize_model`): then a row's softmax and
+        # other products compute each row on its own (`asr.models.precision.quantize_model`): then a row's softmax and
         # weighted sum run over the same slots in a one-token step and in a check of many drafts, and its
         # logits are the same bits either way. Over only the filled slots, the sums' order follows their count.
         self.span = getattr(model, "attention_span", None)
@@ -200,55 +200,3 @@ def _qkv(attention: Any) -> Fn:
         return lambda h: project(h).split(width, dim=-1)
     q, k, v = linear_fn(attention.q_proj), linear_fn(attention.k_proj), linear_fn(attention.v_proj)
     return lambda h: (q(h), k(h), v(h))
-
-
-def fuse_qkv(decoder: torch.nn.Module) -> torch.nn.Module:
-    """Replaces each self-attention's q, k and v projections by one Linear (in place; for drafting copies).
-
-    Whisper's key projection has no bias: its third of the fused bias is zero.
-    """
-    for layer in decoder.layers:
-        fuse_layer_qkv(layer)
-    return decoder
-
-
-def fuse_layer_qkv(layer: torch.nn.Module) -> torch.nn.Module:
-    """`fuse_qkv` for one decoder layer (in place); returns `layer`."""
-    attention = layer.self_attn
-    q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
-    fused = torch.nn.Linear(q.in_features, 3 * q.out_features, device=q.weight.device, dtype=q.weight.dtype)
-    with torch.no_grad():
-        fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
-        fused.bias.copy_(torch.cat([q.bias, torch.zeros_like(q.bias), v.bias]))
-    del attention.q_proj, attention.k_proj, attention.v_proj
-    attention.qkv_proj = fused
-    return layer
-
-
-@torch.inference_mode()
-def encode(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
-    """Runs the encoder on `[batch, n_mels, 3000]` log-mel features; returns `[batch, 1500, d_model]`."""
-    param = next(model.parameters())
-    return model.get_encoder()(features.to(device=param.device, dtype=param.dtype)).last_hidden_state
-
-
-@torch.inference_mode()
-def detect_languages(decoder: WhisperDecoderAdapter, sot: int,
-                     language_ids: dict[str, int]) -> list[tuple[str, dict[str, float]]]:
-    """Whisper's language detection: the decoder's distribution over language tokens after <|startoftranscript|>.
-
-    Args:
-        decoder: the model's decoder over the windows to classify.
-
-    Returns:
-        Per window: (the most likely language code, probability of every language code).
-    """
-    ids = torch.full((decoder.batch_size, 1), sot, dtype=torch.long, device=decoder.device)
-    logits = decoder.forward(ids, decoder.new_cache(decoder.batch_size), 1)[:, -1]
-    codes = list(language_ids)
-    index = torch.tensor([language_ids[c] for c in codes], device=logits.device)
-    out = []
-    for probs in logits[:, index].softmax(-1).tolist():
-        ranked = dict(zip(codes, probs))
-        out.append((max(ranked, key=ranked.get), ranked))
-    return out

@@ -17,14 +17,14 @@ import numpy as np
 import torch
 
 from asr.alignment import add_word_timestamps
-from asr.assistants import WindowContext
+from asr.assist.assistants import WindowContext
 from asr.chunks import SpeechMap
-from asr.decoder import WhisperDecoderAdapter, detect_languages, encode
+from asr.decoder import WhisperDecoderAdapter
+from asr.language import check_task, detect_languages, resolve_language
 from asr.logit_rules import whisper_filters
 from asr.options import TranscribeOptions
 from asr.results import Segment, Transcript, TranscriptionStats
-from asr.segments import split_segments
-from asr.window import FallbackRules, decode_windows, no_speech_skip
+from asr.window import FallbackRules, decode_windows, encode, no_speech_skip, split_segments
 from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
 from audio.vad import speech_regions
 from decoding import DraftSource
@@ -44,7 +44,7 @@ class DecodedWindow:
 
 
 class WindowAssistant(Protocol):
-    """An assistant for Whisper (see `asr.assistants`)."""
+    """An assistant for Whisper (see `asr.assist.assistants`)."""
 
     name: str
 
@@ -55,28 +55,6 @@ class WindowAssistant(Protocol):
             A function from window indices to a draft source for those windows (called again for temperature
             fallbacks), and the seconds spent encoding (0 when it shares the model's encoder).
         """
-
-
-def resolve_language(code: str | None, bundle) -> str | None:
-    """Turns a language code or name ("de", "German") into a code the model knows.
-
-    Raises:
-        ValueError: an unknown language, or any language but English for an English-only model.
-    """
-    if code is None:
-        return None if bundle.is_multilingual else "en"
-    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
-
-    key = code.strip().lower()
-    key = TO_LANGUAGE_CODE.get(key, key)
-    known = bundle.special.languages
-    if not bundle.is_multilingual:
-        if key != "en":
-            raise ValueError(f"model {bundle.name} is English-only; it cannot transcribe language {code!r}")
-        return "en"
-    if key not in known:
-        raise ValueError(f"unknown language {code!r}; use a code such as {', '.join(list(known)[:8])}, ...")
-    return key
 
 
 def transcribe(
@@ -92,7 +70,7 @@ def transcribe(
     speech that Silero VAD finds, and `options.batch_size` decodes 30 s speech chunks that many at a time.
 
     Args:
-        bundle: a loaded model (`asr.registry.load_model`).
+        bundle: a loaded model (`asr.models.registry.load_model`).
         audio: a path, or samples at 16 kHz.
         options: what to produce and how.
         assistant: drafts tokens for the model to check; None for plain decoding. The words are the model's either way.
@@ -132,8 +110,7 @@ def transcribe_many(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     language = resolve_language(options.language, bundle)
-    if options.task == "translate" and not bundle.is_multilingual:
-        raise ValueError(f"model {bundle.name} is English-only; it cannot translate")
+    check_task(options.task, bundle)
     initial = []
     if options.initial_prompt:
         initial = bundle.tokenizer.encode(" " + options.initial_prompt.strip(), add_special_tokens=False)

@@ -1,4 +1,5 @@
-"""Decoding one 30 s window, with openai-whisper's temperature fallback."""
+"""One 30 s window: the encoder pass, decoding with openai-whisper's temperature fallback, and the cut into
+timestamped segments."""
 
 from __future__ import annotations
 
@@ -6,10 +7,20 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import torch
 
 from asr.decoder import WhisperDecoderAdapter
+from asr.results import Segment
 from decoding import DraftSource, GenerationOptions, GenerationStats, LogitsFilter, SamplingOptions
 from decoding.engine import GenerationResult, generate_batch
+
+
+@torch.inference_mode()
+def encode(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """Runs the encoder on `[batch, n_mels, 3000]` log-mel features; returns `[batch, 1500, d_model]`."""
+    param = next(model.parameters())
+    return model.get_encoder()(features.to(device=param.device, dtype=param.dtype)).last_hidden_state
+
 
 
 @dataclass
@@ -131,3 +142,61 @@ def no_speech_skip(result: WindowResult, rules: FallbackRules) -> bool:
     if rules.no_speech_threshold is None or result.no_speech_prob <= rules.no_speech_threshold:
         return False
     return not (rules.logprob_threshold is not None and result.avg_logprob > rules.logprob_threshold)
+
+
+# Whisper's timestamps are 0.02 s apart: two mel frames per encoder position.
+TIME_PRECISION = 0.02
+INPUT_STRIDE = 2
+
+
+def split_segments(result: WindowResult, timestamp_begin: int, eot: int, seek: int, time_offset: float,
+                   segment_size: int, segment_duration: float,
+                   decode_text: Callable[[list[int]], str]) -> tuple[list[Segment], int]:
+    """openai-whisper's segmentation of one window's tokens at consecutive timestamp pairs.
+
+    Returns:
+        (the window's segments, how many mel frames to advance).
+    """
+    tokens = result.tokens
+    is_timestamp = [t >= timestamp_begin for t in tokens]
+    single_timestamp_ending = is_timestamp[-2:] == [False, True]
+    consecutive = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
+
+    # The model may place a timestamp past the audio in the last window: times stay inside the window's audio.
+    window_end = time_offset + segment_duration
+
+    def make(start: float, end: float, seg_tokens: list[int]) -> Segment:
+        text = decode_text([t for t in seg_tokens if t < eot])
+        start, end = min(start, window_end), min(end, window_end)
+        return Segment(0, seek, round(start, 3), round(end, 3), text, seg_tokens, result.temperature,
+                       result.avg_logprob, result.compression_ratio, result.no_speech_prob)
+
+    segments: list[Segment] = []
+    if consecutive:
+        slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
+        last = 0
+        for current in slices:
+            piece = tokens[last:current]
+            start = time_offset + (piece[0] - timestamp_begin) * TIME_PRECISION
+            end = time_offset + (piece[-1] - timestamp_begin) * TIME_PRECISION
+            segments.append(make(start, end, piece))
+            last = current
+        if single_timestamp_ending:
+            advance = segment_size
+        else:
+            # The window ended inside speech: resume at the last complete segment's end.
+            advance = (tokens[last - 1] - timestamp_begin) * INPUT_STRIDE or segment_size
+    else:
+        duration = segment_duration
+        timestamps = [t for t in tokens if t >= timestamp_begin]
+        if timestamps and timestamps[-1] != timestamp_begin:
+            duration = (timestamps[-1] - timestamp_begin) * TIME_PRECISION
+        segments.append(make(time_offset, time_offset + duration, tokens))
+        advance = segment_size
+    # An instantaneous segment or one without text carries no words.
+    kept = []
+    for segment in segments:
+        if segment.start == segment.end or not segment.text.strip():
+            continue
+        kept.append(segment)
+    return kept, advance

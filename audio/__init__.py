@@ -1,28 +1,26 @@
 """Audio in: any file to float32 mono 16 kHz samples, and Whisper's log-mel features."""
 
-from audio.features import (
+from audio.constants import (
     CHUNK_LENGTH,
     FRAMES_PER_SECOND,
     HOP_LENGTH,
     N_FFT,
     N_FRAMES,
     N_SAMPLES,
-    log_mel,
-    pad_or_trim,
+    SAMPLE_RATE,
 )
-from audio.load import SAMPLE_RATE, AudioError, duration_seconds, load_audio
 
-__all__ = [
-    "CHUNK_LENGTH",
-    "FRAMES_PER_SECOND",
-    "HOP_LENGTH",
-    "N_FFT",
-    "N_FRAMES",
-    "N_SAMPLES",
-    "SAMPLE_RATE",
-    "AudioError",
-    "duration_seconds",
-    "load_audio",
-    "log_mel",
-    "pad_or_trim",
-]
+# Loaded on first use, so that `audio.constants` costs no torch or transformers import.
+_LAZY = {"AudioError": "audio.load", "duration_seconds": "audio.load", "load_audio": "audio.load",
+         "log_mel": "audio.features", "pad_or_trim": "audio.features"}
+
+__all__ = ["CHUNK_LENGTH", "FRAMES_PER_SECOND", "HOP_LENGTH", "N_FFT", "N_FRAMES", "N_SAMPLES", "SAMPLE_RATE",
+           *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'audio' has no attribute {name!r}")

@@ -9,16 +9,10 @@ import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
 
-from audio.load import SAMPLE_RATE
+from audio.constants import CHUNK_LENGTH, HOP_LENGTH, N_FFT, N_SAMPLES, SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
 
-N_FFT = 400
-HOP_LENGTH = 160
-CHUNK_LENGTH = 30  # seconds in one Whisper window
-N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in one window
-N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in one window
-FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 frames: 10 ms each
 
 def pad_or_trim(audio: np.ndarray, length: int = N_SAMPLES) -> np.ndarray:
     """Zero-pad or cut samples to exactly ``length`` along the last axis.

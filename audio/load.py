@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from audio.constants import SAMPLE_RATE
+
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16000
 
 # Containers that libsndfile cannot open; without ffmpeg we say so instead of a bare "format not recognised".
 _FFMPEG_ONLY_SUFFIXES = frozenset(

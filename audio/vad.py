@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from audio.load import SAMPLE_RATE
+from audio.constants import SAMPLE_RATE
 
 # Probability backends: the fast default, and the two streaming models (for the benchmark).
 BACKENDS = ("onnx-sequence", "onnx", "jit")

@@ -20,11 +20,11 @@ from typing import Any, Iterator, Protocol
 
 import numpy as np
 
+from audio.constants import N_SAMPLES, SAMPLE_RATE
 from eval.configs import EvalConfig
 
-SAMPLE_RATE = 16000
 # Whisper's window: audio longer than this needs transformers' long-form (sequential) call.
-WINDOW_SAMPLES = 30 * SAMPLE_RATE
+WINDOW_SAMPLES = N_SAMPLES
 
 
 class BackendUnavailable(Exception):
@@ -254,9 +254,9 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, de
     Raises:
         ValueError: an assistant that does not exist or cannot work with the model (before any decoding).
     """
-    from asr.assistants import make_assistant
-    from asr.precision import resolve_precision
-    from asr.registry import load_model
+    from asr.assist.choose import make_assistant
+    from asr.models.precision import resolve_precision
+    from asr.models.registry import load_model
     from eval.ctranslate2_backend import FasterWhisperBackend
 
     assistants: dict[tuple[str, Any], Any] = {}

@@ -108,7 +108,7 @@ def parse_config(text: str) -> EvalConfig:
         options[key] = value
     if kind == "faster-whisper":
         batch_size = _positive_int(options.get("batched"), "batched", name)
-    from asr.runtime import DTYPES
+    from asr.constants import DTYPES
 
     if options.get("dtype", "float32") not in DTYPES[1:]:
         raise ValueError(f"configuration {name!r}: unknown dtype {options['dtype']!r}; choose one of "

@@ -110,7 +110,7 @@ def ct2_folder(model_name: str) -> Path | None:
 
     A package that ships `model.bin` in parts (`base`) is joined once into the conversion cache.
     """
-    from asr import registry
+    from asr.models import registry
 
     path = Path(model_name).expanduser()
     if path.is_dir():

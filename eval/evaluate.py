@@ -37,7 +37,7 @@ def evaluate(
         device, dtype: where and in which precision the model runs (dtype None: float32).
         on_message: called with one-line messages: skipped configurations, bad items, failed decodes.
         on_item: called after each item with (item, {configuration: result}).
-        offload: `asr.offload.OffloadOptions` for the model (None: all of it on `device`).
+        offload: `asr.models.offload.OffloadOptions` for the model (None: all of it on `device`).
 
     Returns:
         `eval.metrics.summarize`'s dictionary with a `run` entry (model, device, sources, versions...).
@@ -48,8 +48,8 @@ def evaluate(
     import torch
     import transformers
 
-    from asr.offload import resolve_offload
-    from asr.registry import load_model
+    from asr.models.offload import resolve_offload
+    from asr.models.registry import load_model
     from eval.backends import make_backends
 
     message = on_message or (lambda _: None)
@@ -86,7 +86,7 @@ def evaluate(
 
 def _open_sources(sources: Sequence[str], audio_column: str, text_column: str) -> Iterator:
     """The items of every source in turn; a source that cannot be opened fails here, before any model loads."""
-    from asr.sources import iter_items
+    from asr.batch.sources import iter_items
 
     if not sources:
         raise ValueError("no source given")

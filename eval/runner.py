@@ -12,12 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from audio.constants import SAMPLE_RATE
 from eval.backends import Backend, Decoded
 from eval.configs import EvalConfig
 
 logger = logging.getLogger(__name__)
-
-SAMPLE_RATE = 16000
 
 
 @dataclass
@@ -64,7 +63,7 @@ def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: s
     """Decodes each item with every backend in turn.
 
     Args:
-        items: `asr.sources.Item`s (id, audio, text, subset, language, error).
+        items: `asr.batch.sources.Item`s (id, audio, text, subset, language, error).
         backends: one per configuration; the first is the reference for speed-ups and exactness.
         language: decode and score every item in this language (None: each item's own, else detected).
         limit: stop after this many items (None: all).
@@ -75,7 +74,7 @@ def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: s
     Returns:
         The items and, per configuration name, one result per item.
     """
-    from asr.sources import load_item_audio
+    from asr.batch.sources import load_item_audio
 
     run = EvalRun(configs=[b.config for b in backends])
     run.results = {b.config.name: [] for b in backends}

@@ -39,7 +39,7 @@ def english_clips(limit: int | None) -> list[dict]:
 
 
 def in_process(manifest: Path, work: Path, bundle, assistants: dict, batch_sizes: list[int], repeats: int) -> list[dict]:
-    from asr.batch import BatchOptions, run_batch
+    from asr.batch.run import BatchOptions, run_batch
 
     results = []
     for name, assistant in assistants.items():
@@ -67,7 +67,7 @@ def two_processes(manifest: Path, work: Path, model: str, assistant: str, batch_
             port = probe.getsockname()[1]
         command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                   "--main_process_port", str(port), "-m", "asr.batch_command", str(manifest), "-o", str(output),
+                   "--main_process_port", str(port), "-m", "asr", "batch", str(manifest), "-o", str(output),
                    "-q", "--model", model, "--assistant", assistant, "--batch-size", str(batch_size)]
         result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True)
         if result.returncode != 0:
@@ -111,8 +111,8 @@ def main() -> None:
 
     import torch
 
-    from asr.api import load_pair
-    from asr.assistants import make_assistant
+    from asr.assist.choose import load_pair
+    from asr.assist.choose import make_assistant
 
     torch.set_num_threads(args.threads)
     clips = english_clips(4 if args.short else None)

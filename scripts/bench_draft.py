@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asr.assistants import draft_folder, make_assistant
+from asr.assist.choose import draft_folder, make_assistant
 from asr.decoder import WhisperDecoderAdapter
-from asr.distill.data import window_from_decoded
-from asr.distill.student import load_draft
-from asr.distill.train import agreement
+from asr.assist.distill.data import window_from_decoded
+from asr.assist.distill.student import load_draft
+from asr.assist.distill.train import agreement
 from asr.options import TranscribeOptions
-from asr.registry import load_model
+from asr.models.registry import load_model
 from asr.transcribe import transcribe, transcribe_many
 from audio import load_audio
 

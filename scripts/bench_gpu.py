@@ -82,7 +82,8 @@ def _rounds(model: torch.nn.Module, draft_model: torch.nn.Module, encoder_output
 def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds: bool, family: str) -> None:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from asr.decoder import WhisperDecoderAdapter, encode
+    from asr.decoder import WhisperDecoderAdapter
+    from asr.window import encode
 
     shape, decoders = FAMILIES[family]
     teacher, student = decoders[0][0], decoders[-1][0]
@@ -126,9 +127,9 @@ def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds:
 
 
 def real(model_dir: str, audio_path: str, out: str, device: str, limit: int | None) -> None:
-    from asr.assistants import make_assistant
+    from asr.assist.choose import make_assistant
     from asr.options import TranscribeOptions
-    from asr.registry import load_model
+    from asr.models.registry import load_model
     from asr.transcribe import transcribe, transcribe_many
 
     data = np.load(audio_path)

@@ -17,7 +17,7 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="base", help="model name for asr.registry.load_model")
+    parser.add_argument("--model", default="base", help="model name for asr.models.registry.load_model")
     parser.add_argument("--repeats", type=int, default=5, help="cached loads to time (median reported)")
     parser.add_argument("--cache", help="cache folder to use (default: a fresh temporary one)")
     args = parser.parse_args()
@@ -27,7 +27,7 @@ def main() -> None:
     start = time.perf_counter()
     import torch  # noqa: F401  (imports are timed apart from loading)
 
-    from asr.registry import load_model
+    from asr.models.registry import load_model
 
     imports = time.perf_counter() - start
     try:

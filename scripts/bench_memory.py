@@ -52,9 +52,9 @@ def main() -> None:
     import soundfile as sf
     import torch
 
-    from asr.assistants import make_assistant
+    from asr.assist.choose import make_assistant
     from asr.options import TranscribeOptions
-    from asr.registry import load_model
+    from asr.models.registry import load_model
     from asr.transcribe import transcribe
 
     torch.set_num_threads(args.threads)

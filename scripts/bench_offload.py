@@ -4,7 +4,7 @@
         [--configs memory:none,disk:none,disk:auto] [--readers read,mmap,accelerate] [--out docs/offload.json]
 
 1. Per-pass cost, one process, configurations interleaved: the model's decoder in memory and offloaded to
-   disk through each reader (`asr.layer_store.READERS`) with and without prefetching the next layer, and
+   disk through each reader (`asr.models.layer_store.READERS`) with and without prefetching the next layer, and
    `read` with each layer file dropped from the page cache after it is read (`cold`: every read from the
    disk); passes over 1 to 16 new tokens after 100 cached ones; and one step of the `self:int8` assistant.
 2. End to end on the three sonnets joined (158 s), each configuration `PLACE:ASSISTANT[:SCHEDULE:K]` in a
@@ -39,7 +39,7 @@ def _peak_mb() -> dict[str, float]:
 
 
 def _offload(place: str, reader: str = "read", prefetch: bool = True):
-    from asr.offload import OffloadOptions
+    from asr.models.offload import OffloadOptions
 
     if place == "memory":
         return None
@@ -50,9 +50,9 @@ def pass_costs(readers: list[str], repeats: int) -> dict:
     """Median milliseconds per decoder pass by configuration and width, and of one int8 draft step."""
     import torch
 
-    from asr.assistants import make_assistant
+    from asr.assist.choose import make_assistant
     from asr.decoder import WhisperDecoderAdapter
-    from asr.registry import load_model
+    from asr.models.registry import load_model
 
     models = {"memory": load_model("base").model}
     for reader in readers:
@@ -86,9 +86,9 @@ def child(config: str, threads: int) -> None:
     import numpy as np
     import torch
 
-    from asr.assistants import make_assistant
+    from asr.assist.choose import make_assistant
     from asr.options import TranscribeOptions
-    from asr.registry import load_model
+    from asr.models.registry import load_model
     from asr.transcribe import transcribe
     from audio import load_audio
 

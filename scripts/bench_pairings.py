@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asr.assistants import make_assistant
-from asr.registry import load_model
+from asr.assist.choose import make_assistant
+from asr.models.registry import load_model
 from asr.transcribe import transcribe
 from audio import load_audio
 

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import torch
 
-from asr.assistants import make_assistant
-from asr.decoder import WhisperDecoderAdapter, encode
-from asr.precision import INT8, native_bfloat16
-from asr.registry import load_model
+from asr.assist.choose import make_assistant
+from asr.decoder import WhisperDecoderAdapter
+from asr.window import encode
+from asr.models.precision import INT8, native_bfloat16
+from asr.models.registry import load_model
 from decoding.kernels import reference_kernels
 
 WIDTHS = (1, 6, 11)

@@ -19,9 +19,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from asr.assistants import low_precision_decoder
-from asr.decoder import WhisperDecoderAdapter, encode
-from asr.registry import load_model
+from asr.assist.assistants import low_precision_decoder
+from asr.decoder import WhisperDecoderAdapter
+from asr.window import encode
+from asr.models.registry import load_model
 
 MATMULS = ("aten::addmm", "aten::mm", "aten::_weight_int8pack_mm")
 ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"

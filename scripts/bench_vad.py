@@ -128,7 +128,7 @@ def main() -> None:
     import torch
 
     from asr.options import TranscribeOptions
-    from asr.registry import load_model
+    from asr.models.registry import load_model
     from audio.vad import VadOptions
     from eval.wer import error_counts
 

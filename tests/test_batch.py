@@ -17,10 +17,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from asr.batch import BatchOptions, BatchSummary, prepare_output, run_batch
-from asr.batch_command import batch_command
-from asr.batch_output import RowWriter, read_done_ids
-from asr.shards import (
+from asr.batch.run import BatchOptions, BatchSummary, prepare_output, run_batch
+from asr.cli.batch import batch_command
+from asr.batch.output import RowWriter, read_done_ids
+from asr.batch.shards import (
     Processes,
     detect_processes,
     existing_parts,
@@ -58,7 +58,7 @@ def _cli() -> list[str]:
     """`python -m asr batch` once the lead has wired the command into the group; the module alone until then."""
     from asr.cli import main
 
-    return ["-m", "asr", "batch"] if "batch" in main.commands else ["-m", "asr.batch_command"]
+    return ["-m", "asr", "batch"]
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,7 @@ def test_merge_keeps_input_order_and_each_id_once(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def int8_assistant(base):
-    from asr.assistants import make_assistant
+    from asr.assist.choose import make_assistant
 
     return make_assistant("self:int8", base)
 

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
-from asr.assistants import make_assistant
+from asr.assist.choose import make_assistant
 from asr.cli import main
 from asr.options import TranscribeOptions
 from asr.transcribe import transcribe, transcribe_many

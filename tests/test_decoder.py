@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from asr.decoder import WhisperDecoderAdapter, encode
+from asr.decoder import WhisperDecoderAdapter
+from asr.window import encode
 from audio import load_audio
 from audio.features import log_mel, pad_or_trim
 from decoding.kernels import reference_kernels
@@ -76,7 +77,7 @@ def _adapter_and_transformers(base) -> tuple[torch.Tensor, ...]:
 
 
 def test_int8_linear_matches_its_dequantised_weights() -> None:
-    from asr.int8 import Int8Linear, quantize_linears
+    from asr.models.int8 import Int8Linear, quantize_linears
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 96)
@@ -95,7 +96,7 @@ def test_int8_linear_matches_its_dequantised_weights() -> None:
 def test_fused_qkv_copy_gives_the_same_logits(base) -> None:
     import copy
 
-    from asr.decoder import fuse_qkv
+    from asr.assist.assistants import fuse_qkv
 
     model = base.model
     encoder_output = torch.randn(1, 1500, model.config.d_model)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from eval.backends import Decoded
-from eval.cli_command import eval_command
+from asr.cli.eval import eval_command
 from eval.configs import EvalConfig, parse_config, parse_configs
 from eval.metrics import summarize
 from eval.normalize import normalize
@@ -173,7 +173,7 @@ def loaded_base(base, monkeypatch: pytest.MonkeyPatch):
     (the tests pass --threads 1: one thread keeps small decoder steps quick on a busy machine, design.md §5)."""
     import torch
 
-    from asr import registry
+    from asr.models import registry
 
     monkeypatch.setattr(registry, "load_model", lambda name, **_: base if name == "base" else pytest.fail(name))
     threads = torch.get_num_threads()

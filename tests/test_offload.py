@@ -1,4 +1,4 @@
-"""Offloaded decoder layers (asr.offload): the same logits and words as the model in memory, on a tiny random
+"""Offloaded decoder layers (asr.models.offload): the same logits and words as the model in memory, on a tiny random
 Whisper; placement under --max-memory; auto's choice; and the one-line errors of the command line."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asr.assistants import OFFLOAD_SCHEDULE, SharedEncoderAssistant, make_assistant
+from asr.assist.assistants import SharedEncoderAssistant
+from asr.assist.choose import OFFLOAD_SCHEDULE, make_assistant
 from asr.cli import main
 from asr.decoder import WhisperDecoderAdapter
-from asr.offload import OffloadError, OffloadOptions, offload_store, parse_size, plan_placement
+from asr.models.offload import OffloadError, OffloadOptions, offload_store, parse_size, plan_placement
 from asr.options import TranscribeOptions
-from asr.registry import load_model
+from asr.models.registry import load_model
 from asr.transcribe import transcribe
 from tests.test_ct2 import tiny_whisper
 from tests.test_registry import save_processor
@@ -64,7 +65,7 @@ def test_the_cpu_memory_store_a_gpu_uses_gives_the_same_logits(tiny_whisper_fold
     # `--offload cpu` runs on a GPU only; its store (layers kept in memory, copied per pass) runs here on the CPU.
     from transformers import WhisperConfig
 
-    from asr.offload import load_offloaded
+    from asr.models.offload import load_offloaded
     from decoding.kernels import use_cpu_kernels
 
     model = load_offloaded(tiny_whisper_folder, WhisperConfig.from_pretrained(tiny_whisper_folder), OffloadOptions("cpu"), "cpu",
@@ -77,7 +78,7 @@ def test_the_cpu_memory_store_a_gpu_uses_gives_the_same_logits(tiny_whisper_fold
 
 
 def test_max_memory_alone_offloads_to_the_next_tier() -> None:
-    from asr.offload import resolve_offload
+    from asr.models.offload import resolve_offload
 
     assert resolve_offload(OffloadOptions(max_memory=10**9), "cpu").device == "disk"
     assert resolve_offload(OffloadOptions(), "cpu") is None
@@ -135,7 +136,7 @@ def test_max_memory_keeps_the_first_layers_that_fit(tmp_path: Path, noise: np.nd
 
 
 def test_auto_drafts_many_tokens_with_a_resident_copy_for_an_offloaded_model(tiny_whisper_folder: Path, in_memory) -> None:
-    import asr.assistants
+    import asr.assist.choose
 
     offloaded = load_model(str(tiny_whisper_folder), offload=OffloadOptions("disk"))
     assistant = make_assistant("auto", offloaded)
@@ -144,7 +145,7 @@ def test_auto_drafts_many_tokens_with_a_resident_copy_for_an_offloaded_model(tin
     assert TranscribeOptions().drafting(assistant.schedule) == OFFLOAD_SCHEDULE
     assert TranscribeOptions(num_assistant_tokens=3).drafting(assistant.schedule) == ("constant", 3)
     assert make_assistant("auto", in_memory) is None  # in memory, nothing pays for a small model on a CPU
-    assert asr.assistants.offload_assistants(offloaded.source, "cuda") == []
+    assert asr.assist.choose.offload_assistants(offloaded.source, "cuda") == []
 
 
 def test_layer_files_go_with_the_model(tiny_whisper_folder: Path, tmp_path: Path) -> None:
@@ -246,7 +247,7 @@ def test_batch_and_eval_commands_take_the_offload_options(terse_folder: Path, no
 
 def test_a_trained_draft_drafts_for_the_offloaded_model(tiny_whisper_folder: Path, in_memory, noise: np.ndarray,
                                                         tmp_path: Path) -> None:
-    from asr.distill.student import DraftDecoder, save_draft
+    from asr.assist.distill.student import DraftDecoder, save_draft
 
     draft = DraftDecoder(in_memory.model, [1])
     draft.restrict_vocabulary(torch.arange(0, 50000, 7))

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from asr.cli import main
 from asr.decoder import WhisperDecoderAdapter
-from asr.int8 import Int8Linear
-from asr.precision import INT8, native_bfloat16, resolve_precision
+from asr.models.int8 import Int8Linear
+from asr.models.precision import INT8, resolve_precision
 from tests.conftest import evaldata, tiny_whisper_in
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
@@ -27,13 +27,13 @@ def test_precision_names_resolve_by_device(monkeypatch) -> None:
         resolve_precision("int8", "cuda")
     with pytest.raises(ValueError, match="float16 is for GPUs"):
         resolve_precision("float16", "cpu")
-    monkeypatch.setattr("asr.precision.native_bfloat16", lambda: False)
+    monkeypatch.setattr("asr.models.precision.native_bfloat16", lambda: False)
     with pytest.raises(ValueError, match="no native bfloat16"):
         resolve_precision("bfloat16", "cpu")
 
 
 def test_a_precision_this_machine_cannot_run_is_a_one_line_error(monkeypatch) -> None:
-    monkeypatch.setattr("asr.precision.native_bfloat16", lambda: False)
+    monkeypatch.setattr("asr.models.precision.native_bfloat16", lambda: False)
     clip = str(sorted(SAMPLES.glob("*.flac"))[0])
     for args in (["--dtype", "bfloat16", "--device", "cpu"], ["--dtype", "float16", "--device", "cpu"]):
         result = CliRunner().invoke(main, ["transcribe", clip, *args])
@@ -51,13 +51,13 @@ def test_int8_with_offloading_is_a_one_line_error(tiny_whisper_folder: Path) -> 
 
 @pytest.fixture(scope="module")
 def tiny_int8(tiny_whisper_folder: Path):
-    from asr.registry import load_model
+    from asr.models.registry import load_model
 
     return load_model(str(tiny_whisper_folder), dtype=INT8)
 
 
 # The precisions whose assisted decoding is bit-exact on a CPU (bfloat16's packed products are not
-# row-independent for every row count: `asr.precision.pack_decoder`).
+# row-independent for every row count: `asr.models.precision.pack_decoder`).
 EXACT = ["int8"]
 
 
@@ -75,7 +75,7 @@ def test_a_row_has_the_same_logits_in_a_step_and_in_a_check_of_drafts(tiny_whisp
     """What makes assisted decoding over the int8 model exact: checking k drafts in one pass gives each row the
     bits a one-token step gives it (row-independent products, attention over fixed slots, the transposed
     weighted sums)."""
-    from asr.registry import load_model
+    from asr.models.registry import load_model
 
     model = load_model(str(tiny_whisper_folder), dtype=resolve_precision(precision, "cpu")).model
     for seed in range(6):
@@ -118,9 +118,9 @@ def test_assisted_decoding_gives_the_low_precision_models_own_tokens(tiny_whispe
 
 
 def test_int8_base_transcribes_like_float32_and_its_draft_keeps_its_words(base) -> None:
-    from asr.assistants import make_assistant
+    from asr.assist.choose import make_assistant
     from asr.options import TranscribeOptions
-    from asr.registry import load_model
+    from asr.models.registry import load_model
     from asr.transcribe import transcribe
     from audio import load_audio
     from eval.wer import word_error_rate
@@ -141,6 +141,6 @@ def test_asr_models_says_which_precisions_this_cpu_runs(monkeypatch) -> None:
     result = CliRunner().invoke(main, ["models"])
     assert result.exit_code == 0 and "base" in result.output
     assert "--dtype on this machine's CPU: float32" in result.output and "int8" in result.output
-    monkeypatch.setattr("asr.precision.native_bfloat16", lambda: False)
+    monkeypatch.setattr("asr.models.precision.native_bfloat16", lambda: False)
     result = CliRunner().invoke(main, ["models"])
     assert "float32, int8 (auto: float32)" in result.output

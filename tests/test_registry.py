@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import WhisperFeatureExtractor, WhisperForCausalLM
 
-from asr import registry
-from asr.convert import build_tokenizer, restore_missing_merges, to_ct2_variables
-from asr.ct2 import write_ct2
-from asr.registry import (
+from asr.models import registry
+from asr.models.convert import build_tokenizer, restore_missing_merges, to_ct2_variables
+from asr.models.ct2 import write_ct2
+from asr.models.registry import (
     ModelNotFoundError,
     UnsupportedModelError,
     WhisperBundle,
@@ -191,7 +191,7 @@ def test_damaged_cache_is_rebuilt(tiny_ct2_folder: Path, damage: str, caplog: py
         weights.write_bytes(b"\xff" * weights.stat().st_size)
     else:
         (entry / "complete.json").write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="asr.registry"):
+    with caplog.at_level(logging.WARNING, logger="asr.models.registry"):
         again = load_model(str(tiny_ct2_folder))
     assert "rebuilding" in caplog.text
     for name, value in again.model.state_dict().items():
@@ -202,7 +202,7 @@ def test_changed_source_invalidates_the_cache(tiny_ct2_folder: Path, caplog: pyt
     load_model(str(tiny_ct2_folder))
     variables, aliases = to_ct2_variables(tiny_whisper(seed=1), torch.float16)
     write_ct2(tiny_ct2_folder / "model.bin", variables, aliases)
-    with caplog.at_level(logging.WARNING, logger="asr.registry"):
+    with caplog.at_level(logging.WARNING, logger="asr.models.registry"):
         bundle = load_model(str(tiny_ct2_folder))
     assert "source files changed" in caplog.text
     assert torch.equal(bundle.model.model.encoder.conv1.bias, variables["encoder/conv1/bias"].float())

@@ -3,11 +3,11 @@
 accelerate's `device_map="auto"` semantics, made for Whisper and this project's direct decoder pass: the
 encoder, the decoder's embeddings and tied output head and its final norm stay on the execution device (they
 run once per window, or for every token); decoder layers that do not fit under `max_memory` (all of them when
-no limit is given) are offloaded and brought in per layer per pass (`asr.layer_store`). Loading reads the
+no limit is given) are offloaded and brought in per layer per pass (`asr.models.layer_store`). Loading reads the
 checkpoint tensor by tensor, so the offloaded layers never sit in memory whole.
 
 A pass of an offloaded model costs about the same for one token as for ten, so `--assistant auto` drafts
-many tokens per pass with a resident assistant (`asr.assistants.offload_assistant`).
+many tokens per pass with a resident assistant (`asr.assist.choose.offload_assistant`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Iterator
 
 import torch
 
-from asr.layer_store import READERS, LayerStore, read_tensor, safetensors_header
+from asr.models.layer_store import READERS, LayerStore, read_tensor, safetensors_header
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class OffloadOptions:
     folder: str | None = None
     # Bytes of model weights allowed on the execution device; None: every decoder layer is offloaded.
     max_memory: int | None = None
-    # How a layer file is read back (asr.layer_store.READERS), and whether the next layer is read meanwhile.
+    # How a layer file is read back (asr.models.layer_store.READERS), and whether the next layer is read meanwhile.
     reader: str = "read"
     prefetch: bool = True
     # Drop each layer file from the page cache after reading it, so reads come from the disk (benchmarks).

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from asr.int8 import Int8Linear, dequantize_linears
+from asr.models.int8 import Int8Linear, dequantize_linears
 
 FORMAT = "assisted-whisper-draft"
 VERSION = 1
@@ -122,10 +122,10 @@ class DraftDecoder(torch.nn.Module):
 
 
 def _own_copy(layer: torch.nn.Module) -> torch.nn.Module:
-    """A resident copy of a teacher layer, also when the model's layers are offloaded (`asr.offload`)."""
+    """A resident copy of a teacher layer, also when the model's layers are offloaded (`asr.models.offload`)."""
     from accelerate.hooks import remove_hook_from_module
 
-    from asr.offload import materialized
+    from asr.models.offload import materialized
 
     with materialized(layer):
         # An int8 model's layers (`--dtype int8`) give a draft plain bfloat16 layers to load its weights into.

@@ -1,4 +1,4 @@
-"""`asr distill`: parse, call `asr.distill.distill`, report. Importing this module imports only click."""
+"""`asr distill`: parse, call `asr.assist.distill.distill`, report. Importing this module imports only click."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import click
 
-from asr.runtime import DEVICES
+from asr.cli.runtime import DEVICES
 
 
 @click.command("distill")
@@ -41,8 +41,8 @@ def distill_command(model, output, audio_source, tts, text, tts_minutes, languag
                     max_minutes, windows_per_step, learning_rate, held_out, top_k, seed, work_dir, device,
                     threads, quiet) -> None:
     """Train a small draft that agrees with MODEL, to assist it (`--assistant OUTPUT`)."""
-    from asr.distill.pipeline import DistillOptions, TrainOptions, distill
-    from asr.runtime import setup_runtime
+    from asr.assist.distill.pipeline import DistillOptions, TrainOptions, distill
+    from asr.cli.runtime import setup_runtime
 
     device, _ = setup_runtime(device, "float32", threads)
     try:

@@ -6,13 +6,12 @@ from typing import Any, Callable
 
 import click
 
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
+from asr.constants import DEVICES, DTYPES, OFFLOADS, TEXT_DTYPES
+
+__all__ = ["DEVICES", "DTYPES", "DTYPE_HELP", "TEXT_DTYPES", "offload_options", "parse_offload", "setup_runtime"]
+
 DTYPE_HELP = ("Model precision (auto: float32 on CPU, float16 on GPU; int8: CPU only, int8 decoder weights and a "
               "bfloat16 encoder; bfloat16 on CPUs with AVX512-BF16 or AMX).")
-# Text models (`asr generate`) have no int8 form.
-TEXT_DTYPES = DTYPES[:-1]
-OFFLOADS = ("none", "cpu", "disk")
 
 
 def offload_options(command: Callable) -> Callable:
@@ -33,12 +32,12 @@ def offload_options(command: Callable) -> Callable:
 
 
 def parse_offload(offload: str, folder: str | None, max_memory: str | None) -> Any:
-    """The `asr.offload.OffloadOptions` for the three options, or None for none.
+    """The `asr.models.offload.OffloadOptions` for the three options, or None for none.
 
     Raises:
         click.BadParameter: a size that is not one.
     """
-    from asr.offload import OffloadOptions, parse_size
+    from asr.models.offload import OffloadOptions, parse_size
 
     try:
         size = parse_size(max_memory) if max_memory is not None else None
@@ -52,7 +51,7 @@ def setup_runtime(device: str, dtype: str, threads: int | None):
     """Resolves --device/--dtype/--threads into torch settings and quiets transformers' progress bars.
 
     Returns:
-        (device name, precision): a torch dtype, or "int8" (`asr.precision.resolve_precision`).
+        (device name, precision): a torch dtype, or "int8" (`asr.models.precision.resolve_precision`).
 
     Raises:
         click.BadParameter: threads < 1, a device this machine does not have, or a dtype it cannot run.
@@ -60,7 +59,7 @@ def setup_runtime(device: str, dtype: str, threads: int | None):
     import torch
     from transformers.utils import logging as transformers_logging
 
-    from asr.precision import resolve_precision
+    from asr.models.precision import resolve_precision
 
     transformers_logging.disable_progress_bar()
     if threads is not None:

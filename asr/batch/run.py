@@ -3,7 +3,7 @@
 The steps of a run (`run_batch`):
 1. take this process's share of the items (round-robin) less those already in the output (`--resume`);
 2. decode audio in background threads, a bounded number of items ahead of the model;
-3. group the decoded items `batch_size` at a time and transcribe each group with `transcribe_batch`;
+3. group the decoded items `batch_size` at a time and transcribe each group with `asr.transcribe.transcribe_many`;
 4. append each item's row (a failed item gets an error row) and flush, in input order;
 5. with several processes, mark this share done; process 0 merges the shares into the output.
 """
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from asr.batch_output import RowWriter, make_row, one_line, read_done_ids
+from asr.batch.output import RowWriter, make_row, one_line, read_done_ids
 from asr.options import TranscribeOptions
-from asr.shards import (
+from asr.batch.shards import (
     Processes,
     existing_parts,
     leftovers,
@@ -34,11 +34,11 @@ from asr.shards import (
     part_path,
     wait_for_parts,
 )
-from asr.sources import Item, iter_items, load_item_audio
+from asr.batch.sources import Item, iter_items, load_item_audio
 
 logger = logging.getLogger(__name__)
 
-# Files that make a folder a saved `datasets` dataset (mirrors asr.sources.iter_items).
+# Files that make a folder a saved `datasets` dataset (mirrors asr.batch.sources.iter_items).
 _DATASET_FILES = ("dataset_info.json", "dataset_dict.json", "state.json")
 
 
@@ -50,7 +50,7 @@ class BatchOptions:
     audio_column: str = "audio"
     text_column: str = "text"
     split: str | None = None
-    # Items per `transcribe_batch` call, and threads decoding audio ahead of the model (0: decode inline).
+    # Items transcribed together, and threads decoding audio ahead of the model (0: decode inline).
     batch_size: int = 1
     workers: int = 2
     # Keep each item's segments (times, tokens, words) in its row.
@@ -136,12 +136,12 @@ def run_batch(source: str, output: str | Path, bundle: Any, assistant: Any = Non
     """Transcribes this process's share of `source` into `output` (see the module docstring for the steps).
 
     Args:
-        source: a folder, a JSONL/CSV manifest, or a dataset (see `asr.sources.iter_items`).
+        source: a folder, a JSONL/CSV manifest, or a dataset (see `asr.batch.sources.iter_items`).
         output: the JSONL results file; with several processes, each writes a part and process 0 merges them.
         bundle: the loaded model; assistant: its assistant or None.
         options: how to transcribe each item.
         batch: how to run.
-        processes: this process's place (`asr.shards.detect_processes()`).
+        processes: this process's place (`asr.batch.shards.detect_processes()`).
 
     Returns:
         The run's figures; on process 0 of several, those of all processes.
@@ -149,12 +149,11 @@ def run_batch(source: str, output: str | Path, bundle: Any, assistant: Any = Non
     Raises:
         ValueError: a source that cannot be read, or options the model cannot honour (before any compute).
     """
-    from asr.transcribe import resolve_language
+    from asr.language import check_task, resolve_language
 
     start = time.perf_counter()
     resolve_language(options.language, bundle)
-    if options.task == "translate" and not bundle.is_multilingual:
-        raise ValueError(f"model {bundle.name} is English-only; it cannot translate")
+    check_task(options.task, bundle)
     output = Path(output)
     own = output if processes.count == 1 else part_path(output, processes.index, processes.count)
     summary = BatchSummary(processes=processes.count)
@@ -306,10 +305,10 @@ def _transcribe_chunk(bundle: Any, chunk: list, options: TranscribeOptions, assi
 
 def _transcribe(bundle: Any, audios: list[np.ndarray], options: TranscribeOptions, assistant: Any) -> list:
     """Transcripts of `audios`; when a batch fails, its items are retried alone and a failing one gets its error."""
-    from asr.batching import transcribe_batch
+    from asr.transcribe import transcribe_many
 
     try:
-        return list(transcribe_batch(bundle, audios, options, assistant))
+        return transcribe_many(bundle, audios, options, assistant, batch_size=max(len(audios), 1))
     except Exception as error:
         if isinstance(error, MemoryError) or "out of memory" in str(error).lower():
             raise  # the machine's problem, not the item's: stop, and let --resume continue later

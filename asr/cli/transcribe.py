@@ -1,29 +1,28 @@
-"""The `asr` command line: a thin layer over library calls. Heavy imports live inside the commands."""
+"""`asr transcribe`: parse, load the model and its assistant, transcribe each file, write the results."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from asr.runtime import DEVICES, DTYPES, DTYPE_HELP, TEXT_DTYPES, offload_options, parse_offload, setup_runtime
+from asr.cli.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_offload, setup_runtime
+from asr.constants import OUTPUT_FORMATS, TASKS
+from decoding.schedule import SCHEDULES
+
+# Files longer than this get a progress bar (one 30 s window is over quickly).
+PROGRESS_MIN_SECONDS = 60.0
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
-    """Whisper transcription sped up by assisted decoding, with the large model's exact words."""
-
-
-@main.command()
+@click.command("transcribe")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
 @click.option("--model", default="base", show_default=True, help="Model name (see `asr models`), hub id or folder.")
 @click.option("--assistant", default="none", show_default=True,
               help="none, auto, self:bf16, self:int8, a model name, hub id or folder.")
 @click.option("--language", default=None, help="Spoken language code or name (default: detect).")
-@click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True)
+@click.option("--task", type=click.Choice(TASKS), default="transcribe", show_default=True)
 @click.option("--output-format", "-f", default="txt", show_default=True,
-              type=click.Choice(["txt", "srt", "vtt", "tsv", "json", "all"]))
+              type=click.Choice([*OUTPUT_FORMATS, "all"]))
 @click.option("--output-dir", "-o", default=None, type=click.Path(file_okay=False),
               help="Write DIR/<name>.<format>; without it the chosen format goes to stdout (txt: the text).")
 @click.option("--without-timestamps", is_flag=True,
@@ -33,7 +32,7 @@ def main() -> None:
 @click.option("--temperature", "temperatures", default="0,0.2,0.4,0.6,0.8,1.0", show_default=True,
               help="Temperatures tried in turn when a window fails the fallback checks.")
 @click.option("--no-condition-on-previous-text", is_flag=True, help="Decode each window without the previous text.")
-@click.option("--schedule", type=click.Choice(["heuristic", "constant", "confidence"]), default=None,
+@click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
               help="How many tokens the assistant drafts per round [default: heuristic; constant 10 when auto "
                    "drafts for an offloaded model].")
 @click.option("--num-assistant-tokens", default=None, type=int, help="Drafts per round (start) [default: 5].")
@@ -59,7 +58,8 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
                num_assistant_tokens, device, dtype, offload, offload_folder, max_memory, threads, quiet, batch_size,
                vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s) -> None:
     """Transcribe (or translate) audio FILES of any length."""
-    from asr.api import TranscribeOptions, load_pair, transcribe_file
+    from asr.assist.choose import load_pair
+    from asr.options import TranscribeOptions
     from asr.writers import WRITERS, output_formats, write_outputs
 
     device, torch_dtype = setup_runtime(device, dtype, threads)
@@ -100,76 +100,26 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
         sys.exit(1)
 
 
-@main.command()
-def models() -> None:
-    """List known model names: what each resolves to, whether installed and converted."""
-    from asr.precision import cpu_precisions
-    from asr.registry import known_models
+def transcribe_file(bundle, path: str, options, assistant=None, show_progress: bool = True):
+    """Transcribes one file, with a progress bar on stderr for long audio."""
+    from asr.transcribe import transcribe
 
-    rows = [(m.name, "yes" if m.installed else "no", "yes" if m.cached else "no", m.resolves_to)
-            for m in known_models()]
-    width = max(len(r[0]) for r in rows)
-    click.echo(f"{'name':<{width}}  installed  cached  source")
-    for name, installed, cached, source in rows:
-        click.echo(f"{name:<{width}}  {installed:<9}  {cached:<6}  {source}")
-    click.echo(f"\n--dtype on this machine's CPU: {', '.join(cpu_precisions())} (auto: float32)")
+    bar = None
 
+    def progress(done: float, total: float) -> None:
+        nonlocal bar
+        if bar is None and total >= PROGRESS_MIN_SECONDS:
+            from tqdm import tqdm
 
-@main.command()
-@click.option("--model", required=True, help="Causal LM: local folder or hub id.")
-@click.option("--assistant", default=None, help="Assistant causal LM (same or different tokenizer).")
-@click.option("--prompt", required=True, help="Text to continue.")
-@click.option("--max-new-tokens", default=64, show_default=True, type=int)
-@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy.")
-@click.option("--top-k", default=None, type=int)
-@click.option("--top-p", default=None, type=float)
-@click.option("--seed", default=None, type=int, help="Seed for sampling.")
-@click.option("--num-assistant-tokens", default=5, show_default=True, type=int)
-@click.option("--schedule", type=click.Choice(["heuristic", "constant", "confidence"]), default="heuristic",
-              show_default=True)
-@click.option("--prompt-lookup", is_flag=True, help="Draft by n-gram lookup in the text instead of an assistant.")
-@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(TEXT_DTYPES), default="auto", show_default=True)
-@click.option("--threads", type=int, default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print tokens, text and stats as one JSON object.")
-def generate(model, assistant, prompt, max_new_tokens, temperature, top_k, top_p, seed, num_assistant_tokens,
-             schedule, prompt_lookup, device, dtype, threads, as_json) -> None:
-    """Assisted generation for a causal text LM (plain decoding without --assistant)."""
-    from decoding import GenerationOptions, SamplingOptions
-    from decoding.text import generate_text, load_text_model
+            bar = tqdm(total=round(total, 1), unit="s", desc=str(path), file=sys.stderr, leave=False)
+        if bar is not None:
+            bar.update(round(done, 1) - bar.n)
 
-    device, torch_dtype = setup_runtime(device, dtype, threads)
     try:
-        options = GenerationOptions(
-            max_new_tokens=max_new_tokens, sampling=SamplingOptions(temperature, top_k, top_p), seed=seed,
-            schedule=schedule, num_assistant_tokens=num_assistant_tokens,
-        )
-        if assistant is not None and prompt_lookup:
-            raise ValueError("choose either --assistant or --prompt-lookup, not both")
-        text_model = load_text_model(model, device=device, dtype=torch_dtype)
-        helper = load_text_model(assistant, device=device, dtype=torch_dtype) if assistant else None
-        result, text = generate_text(text_model, prompt, options, helper, prompt_lookup)
-    except ValueError as error:
-        raise click.ClickException(str(error)) from None
-    if as_json:
-        click.echo(json.dumps({"tokens": result.tokens, "text": text, "stats": result.stats.to_dict()},
-                              ensure_ascii=False))
-    else:
-        click.echo(text)
-
-
-def _register_commands() -> None:
-    """Commands that live beside their libraries; importing them imports only click."""
-    from asr.batch_command import batch_command
-    from asr.distill.command import distill_command
-    from eval.cli_command import eval_command
-
-    main.add_command(batch_command)
-    main.add_command(distill_command)
-    main.add_command(eval_command)
-
-
-_register_commands()
+        return transcribe(bundle, path, options, assistant, progress if show_progress else None)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def vad_from_cli(flag: bool, batched: bool, **given):
@@ -197,7 +147,3 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
         return tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise click.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option) from None
-
-
-if __name__ == "__main__":
-    main()

@@ -20,7 +20,7 @@ except ImportError:  # Windows: no advisory locks; one run per output is then up
     fcntl = None
 
 from asr.results import Transcript
-from asr.sources import Item
+from asr.batch.sources import Item
 
 logger = logging.getLogger(__name__)
 

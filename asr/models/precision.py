@@ -83,7 +83,7 @@ def pack_decoder(model: torch.nn.Module) -> torch.nn.Module:
 @torch.no_grad()
 def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     """Makes a float32 Whisper model the int8 model described above (in place); returns it."""
-    from asr.int8 import Int8Linear, quantize_linears
+    from asr.models.int8 import Int8Linear, quantize_linears
 
     decoder = model.get_decoder()
     # The head is tied to the token embedding: quantised from the float32 rows before they are rounded.

@@ -37,10 +37,10 @@ from transformers import (
     WhisperTokenizerFast,
 )
 
-from asr.convert import CONVERTER_VERSION, SpecialTokens, build_generation_config, convert_ct2, special_tokens
-from asr.ct2 import ModelFileError
-from asr.offload import OffloadError, OffloadOptions, load_offloaded, resolve_offload
-from asr.precision import INT8, Precision, load_dtype, pack_decoder, quantize_model
+from asr.models.convert import CONVERTER_VERSION, SpecialTokens, build_generation_config, convert_ct2, special_tokens
+from asr.models.ct2 import ModelFileError
+from asr.models.offload import OffloadError, OffloadOptions, load_offloaded, resolve_offload
+from asr.models.precision import INT8, Precision, load_dtype, pack_decoder, quantize_model
 from decoding.kernels import use_cpu_kernels
 
 __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
@@ -352,9 +352,9 @@ def load_model(name: str, *, device: str = "cpu", dtype: Precision = torch.float
         name: A package name (``base``, ``tiny.en``), a Hub alias (``large-v3``, ``turbo``, ...), a Hub id
             (``org/name``), a local transformers folder, or a local faster-whisper folder.
         device: Torch device to put the model on.
-        dtype: Dtype of the model's weights, or ``"int8"`` (CPU only; ``asr.precision.quantize_model``).
+        dtype: Dtype of the model's weights, or ``"int8"`` (CPU only; ``asr.models.precision.quantize_model``).
         offload: Decoder layers to keep on disk (or in CPU memory for a GPU) and bring in per pass
-            (``asr.offload``); None keeps the whole model on ``device``.
+            (``asr.models.offload``); None keeps the whole model on ``device``.
 
     Returns:
         The model in eval mode with its tokenizer, feature extractor, complete generation config and ids.

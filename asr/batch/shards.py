@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from asr.batch_output import iter_rows
+from asr.batch.output import iter_rows
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def detect_processes() -> Processes:
 
 
 def start_together(processes: Processes, cpu: bool) -> None:
-    """Waits until every process has checked the output (`asr.batch.prepare_output`), before any writes.
+    """Waits until every process has checked the output (`asr.batch.run.prepare_output`), before any writes.
 
     Args:
         processes: this process's place; one process returns at once.

@@ -1,6 +1,4 @@
-"""The `asr batch` command: parse, check the output, load the model, call `asr.batch.run_batch`, print the summary.
-
-Wired into the `asr` group with `main.add_command(batch_command)`; `python -m asr.batch_command` runs it alone.
+"""The `asr batch` command: parse, check the output, load the model, call `asr.batch.run.run_batch`, print the summary.
 """
 
 from __future__ import annotations
@@ -10,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from asr.runtime import DEVICES, DTYPES, DTYPE_HELP, offload_options, parse_offload, setup_runtime
+from asr.cli.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_offload, setup_runtime
+from asr.constants import TASKS
 
 
 @click.command("batch", context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,7 +20,7 @@ from asr.runtime import DEVICES, DTYPES, DTYPE_HELP, offload_options, parse_offl
 @click.option("--assistant", default="none", show_default=True,
               help="none, auto, self:bf16, self:int8, a model name, hub id or folder.")
 @click.option("--language", default=None, help="Spoken language code or name (default: detect per item).")
-@click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True)
+@click.option("--task", type=click.Choice(TASKS), default="transcribe", show_default=True)
 @click.option("--without-timestamps", is_flag=True, help="Decode without timestamp tokens (items up to 30 s only).")
 @click.option("--word-timestamps", is_flag=True, help="Add word-level times to the segments.")
 @click.option("--segments", is_flag=True, help="Keep each item's segments in its row.")
@@ -53,10 +52,10 @@ def batch_command(source, output, model, assistant, language, task, without_time
     machines: it is accelerate's torchrun launcher) the items are shared round-robin among the processes
     and merged into --output in input order.
     """
-    from asr.api import load_pair
-    from asr.batch import BatchOptions, prepare_output, run_batch
+    from asr.assist.choose import load_pair
+    from asr.batch.run import BatchOptions, prepare_output, run_batch
     from asr.options import TranscribeOptions
-    from asr.shards import detect_processes, finish, start_together
+    from asr.batch.shards import detect_processes, finish, start_together
 
     output_path = Path(output)
     offloading = parse_offload(offload, offload_folder, max_memory)
@@ -95,6 +94,3 @@ def _setup(device: str, dtype: str, threads: int | None, processes):
         device = f"cuda:{processes.local_index % torch.cuda.device_count()}"
     return device, torch_dtype
 
-
-if __name__ == "__main__":
-    batch_command()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from asr.runtime import DEVICES, DTYPES, DTYPE_HELP, offload_options, parse_offload
+from asr.cli.runtime import DEVICES, DTYPES, DTYPE_HELP, offload_options, parse_offload
 
 
 @click.command("eval")
@@ -89,7 +89,7 @@ def _setup(device: str, dtype: str, threads: int | None):
     call, and the report says what ran."""
     from transformers.utils import logging as transformers_logging
 
-    from asr.runtime import setup_runtime
+    from asr.cli.runtime import setup_runtime
 
     resolved = setup_runtime(device, dtype, threads)
     transformers_logging.set_verbosity_error()

@@ -25,7 +25,7 @@ from transformers import (
     WhisperTokenizerFast,
 )
 
-from asr.ct2 import Ct2File, ModelFileError, read_ct2
+from asr.models.ct2 import Ct2File, ModelFileError, read_ct2
 
 logger = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ def to_state_dict(ct2: Ct2File) -> tuple[dict[str, torch.Tensor], WhisperConfig]
     """Maps CTranslate2 Whisper variables onto transformers' names, in float32.
 
     Args:
-        ct2: A file read by :func:`asr.ct2.read_ct2`.
+        ct2: A file read by :func:`asr.models.ct2.read_ct2`.
 
     Returns:
         The state dict of ``WhisperForConditionalGeneration`` and the architecture inferred from the shapes

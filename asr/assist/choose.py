@@ -1,0 +1,215 @@
+"""Which assistant drafts for a model: `--assistant` resolved (none, auto, self:PRECISION, a shipped draft, a
+model name, hub id or folder), and the rules `auto` follows."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asr.assist.assistants import (
+    PRECISIONS,
+    FullAssistant,
+    SharedEncoderAssistant,
+    DecoderCopy,
+    is_decoder_only,
+    same_encoder,
+    load_decoder_assistant,
+    low_precision_decoder,
+)
+from asr.models.offload import OffloadOptions, offload_store
+from asr.models.precision import Precision, compute_dtype
+
+logger = logging.getLogger(__name__)
+
+def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype: Precision = torch.float32,
+              offload: OffloadOptions | None = None) -> tuple[Any, Any]:
+    """Loads the model (offloading its decoder layers if asked: `asr.models.offload`) and resolves `assistant`
+    for it (`make_assistant`).
+
+    Raises:
+        ValueError: an unknown model or assistant, a pair that cannot work together, or offload options that
+            cannot be honoured.
+    """
+    from asr.models.registry import load_model
+
+    bundle = load_model(model, device=device, dtype=dtype, offload=offload)
+    return bundle, make_assistant(assistant, bundle, device=device, dtype=dtype)
+
+
+def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: Precision = torch.float32):
+    """Resolves `--assistant`: none, auto, self[:PRECISION], or a registry name, hub id or local folder with an
+    optional `:PRECISION` (`tiny.en:int8`: the assistant drafts with a lower-precision copy of its decoder).
+
+    Returns:
+        An assistant with `prepare`, or None for plain decoding.
+
+    Raises:
+        ValueError: an unknown assistant or precision, or one that cannot be paired with the model.
+    """
+    from asr.models.registry import load_model
+
+    spec = spec.strip()
+    if spec == "auto" and offload_store(model_bundle.model) is not None:
+        return _auto_for_offloaded(model_bundle, device=device, dtype=dtype)
+    if spec == "auto":
+        device_type = next(model_bundle.model.parameters()).device.type
+        chosen = auto_assistant(device_type, model_bundle.source)
+        logger.info("--assistant auto chose %s", chosen)
+        try:
+            assistant = make_assistant(chosen, model_bundle, device=device, dtype=dtype)
+        except ValueError as error:
+            # auto must never fail a run: without its student (no Hub access, say) it decodes plainly.
+            logger.warning("--assistant auto: %s; decoding without an assistant", error)
+            return None
+        if isinstance(assistant, FullAssistant) and device_type == "cpu":
+            # The CPU choice counts on sharing the encoder: a second large encoder costs seconds per window.
+            logger.warning("--assistant auto: %s does not share the model's encoder; decoding without an "
+                           "assistant", chosen)
+            return None
+        return assistant
+    if spec in ("none", ""):
+        return None
+    name, precision = _split_precision(spec)
+    if name == "self":
+        module, input_dtype = low_precision_decoder(model_bundle.model, precision or "fp32")
+        return SharedEncoderAssistant(spec, module.eval(), input_dtype)
+    folder = draft_folder(name)
+    if folder is not None:
+        from asr.assist.distill.student import load_draft
+
+        draft = load_draft(folder, model_bundle.model)
+        return _in_precision(SharedEncoderAssistant(spec, draft), precision, spec)
+    if is_decoder_only(name):
+        assistant = load_decoder_assistant(name, model_bundle, device=device, dtype=compute_dtype(dtype))
+        return _in_precision(assistant, precision, spec)
+    bundle = load_model(name, device=device, dtype=dtype)
+    assistant = FullAssistant(spec, bundle, model_bundle)
+    if assistant.same_tokenizer and same_encoder(bundle.model, model_bundle.model):
+        # distil-whisper copies the teacher's encoder: run it once, for both, and keep only the student's
+        # decoder and head (the encoder copy is 2.5 GB for large-v3 in fp32).
+        logger.info("assistant %s has the model's encoder: sharing it", spec)
+        student = DecoderCopy(bundle.model.get_decoder(), bundle.model.get_output_embeddings(), bundle.model.config)
+        return _in_precision(SharedEncoderAssistant(spec, student.eval()), precision, spec)
+    if precision is not None:
+        assistant.decoder_model = low_precision_decoder(bundle.model, precision)[0].eval()
+    return assistant
+
+
+# Drafts trained by `asr distill` and shipped with the package, by name (`--assistant base-draft`).
+DRAFTS_DIR = Path(__file__).resolve().parent / "drafts"
+
+
+def shipped_drafts() -> dict[str, Path]:
+    """Names of the drafts shipped with the package, and their folders."""
+    from asr.assist.distill.student import is_draft_folder
+
+    if not DRAFTS_DIR.is_dir():
+        return {}
+    return {p.name: p for p in sorted(DRAFTS_DIR.iterdir()) if is_draft_folder(p)}
+
+
+def draft_folder(name: str) -> Path | None:
+    """The folder of a draft named `name` (shipped) or at path `name` (written by `asr distill`), else None."""
+    from asr.assist.distill.student import is_draft_folder
+
+    shipped = shipped_drafts().get(name)
+    if shipped is not None:
+        return shipped
+    return Path(name).expanduser() if is_draft_folder(name) else None
+
+
+def _split_precision(spec: str) -> tuple[str, str | None]:
+    """`tiny.en:int8` -> (`tiny.en`, `int8`); `self:X` -> (`self`, `X`), checked by `low_precision_decoder`;
+    any other spec without a known precision suffix is all name."""
+    name, _, suffix = spec.rpartition(":")
+    if name == "self" or (name and suffix in PRECISIONS):
+        return name, suffix
+    return spec, None
+
+
+def _in_precision(assistant: SharedEncoderAssistant, precision: str | None, spec: str) -> SharedEncoderAssistant:
+    """The same shared-encoder assistant drafting with a lower-precision copy of its decoder, if asked."""
+    if precision is None:
+        return assistant
+    module, input_dtype = low_precision_decoder(assistant.decoder_model, precision)
+    return SharedEncoderAssistant(spec, module.eval(), input_dtype)
+
+
+# distil-whisper students that share their teacher's encoder and tokenizer (hub ids by teacher).
+DISTIL_FOR = {
+    "openai/whisper-large-v3": "distil-whisper/distil-large-v3",
+    "openai/whisper-large-v2": "distil-whisper/distil-large-v2",
+    "openai/whisper-medium.en": "distil-whisper/distil-medium.en",
+    "openai/whisper-small.en": "distil-whisper/distil-small.en",
+}
+
+
+# Students worth drafting with on a CPU as well. fp32, 2 threads, real shapes with random weights
+# (`scripts/bench_gpu.py shapes --device cpu ...`, README): a distil-large-v3 step costs 0.087 of a large-v3
+# step (22 ms against 254), distil-medium.en 0.11 of medium.en's (18 against 166), so drafting pays from ~30 %
+# and ~20 % agreement on. distil-small.en keeps 4 of small.en's 12 layers and the whole output head: 0.38 of
+# its step (21 against 56), paying only above ~46 % agreement and by 1.1-1.2x at 70-80 %, so none there.
+CPU_STUDENTS = ("distil-whisper/distil-large-v3", "distil-whisper/distil-large-v2", "distil-whisper/distil-medium.en")
+
+
+def auto_assistant(device_type: str, source: str) -> str:
+    """What `--assistant auto` picks for a model loaded from `source` ("hub:openai/whisper-large-v3", ...) on
+    a `device_type` device: the assistant our measurements show to be fastest, with the same words.
+
+    A distil-whisper student that shares the model's encoder where one exists: on a GPU, where a large
+    model's 32-layer step costs ~14x a 2-layer student's (H200, fp16); on a CPU only where our measurements
+    show the student's step to be a small fraction of the model's (`CPU_STUDENTS`). Otherwise none: for a
+    model as small as `base` no assistant available here pays on either (a CPU step is bound by memory traffic
+    that a same-size copy cannot shed; the distilled `base-draft` agrees too rarely to make up for its own
+    steps; a GPU step is bound by kernel launches: README, "What `auto` picks").
+    """
+    student = DISTIL_FOR.get(source.removeprefix("hub:"), "none")
+    if device_type == "cpu" and student not in CPU_STUDENTS:
+        return "none"
+    return student
+
+
+# Drafting for an offloaded model. A pass reads every offloaded layer whether it checks 1 token or 16, so it
+# costs about the same for both (`scripts/bench_offload.py`), while a resident draft step stays cheap: many
+# tokens per pass pay, and a constant k wastes no round growing from 5 as the heuristic does.
+OFFLOAD_SCHEDULE = ("constant", 10)
+
+
+def offload_assistants(source: str, device_type: str) -> list[str]:
+    """Resident assistants worth trying for a model whose decoder layers are offloaded, best first.
+
+    A distil-whisper student that shares the model's encoder where one exists; then, on a CPU, the int8 copy of
+    the model's own decoder (weight-only int8, ~91-93 % agreement with base's greedy tokens, 52 MB for base).
+    A draft trained for the model (`asr distill`; `base-draft`) drafts for an offloaded model by name too;
+    it belongs before the int8 copy here once measured offloaded (its steps are cheaper, its agreement lower).
+    On a GPU a same-size fp16 copy would need the memory the offload frees, so there is no such fallback there.
+    """
+    candidates = []
+    student = DISTIL_FOR.get(source.removeprefix("hub:"))
+    if student is not None:
+        candidates.append(student)
+    if device_type == "cpu":
+        candidates.append("self:int8")
+    return candidates
+
+
+def _auto_for_offloaded(model_bundle: Any, *, device: str, dtype: torch.dtype) -> SharedEncoderAssistant | None:
+    """`--assistant auto` for an offloaded model: the first resident assistant of `offload_assistants` that
+    loads and shares the model's encoder, drafting OFFLOAD_SCHEDULE; None when there is none."""
+    device_type = next(model_bundle.model.parameters()).device.type
+    for name in offload_assistants(model_bundle.source, device_type):
+        try:
+            assistant = make_assistant(name, model_bundle, device=device, dtype=dtype)
+        except ValueError as error:
+            logger.warning("--assistant auto (offloaded model): %s; trying the next assistant", error)
+            continue
+        if isinstance(assistant, SharedEncoderAssistant):
+            assistant.schedule = OFFLOAD_SCHEDULE
+            logger.info("--assistant auto chose %s for the offloaded model, drafting %s k=%d", name, *OFFLOAD_SCHEDULE)
+            return assistant
+        logger.warning("--assistant auto (offloaded model): %s does not share the model's encoder", name)
+    logger.warning("--assistant auto: no resident assistant for the offloaded model; decoding without one")
+    return None
