@@ -48,8 +48,14 @@ def _eager_attention(model: torch.nn.Module) -> Iterator[None]:
 def _align(model: torch.nn.Module, tokenizer, encoder_output: torch.Tensor, start_sequence: list[int],
            text_tokens: list[int], eot: int, num_frames: int, alignment_heads: Sequence[tuple[int, int]],
            language: str) -> list[_Timing]:
-    from transformers.models.whisper.generation_whisper import _dynamic_time_warping, _median_filter
-    from transformers.models.whisper.tokenization_whisper import _split_tokens_on_spaces, _split_tokens_on_unicode
+    from transformers.models.whisper.generation_whisper import (
+        _dynamic_time_warping,
+        _median_filter,
+    )
+    from transformers.models.whisper.tokenization_whisper import (
+        _split_tokens_on_spaces,
+        _split_tokens_on_unicode,
+    )
 
     tokens = start_sequence + text_tokens + [eot]
     ids = torch.tensor([tokens], device=encoder_output.device)
@@ -99,41 +105,29 @@ def _merge_punctuations(timings: list[_Timing]) -> list[_Timing]:
     return timings
 
 
-def add_word_timestamps(
-    segments: list[Segment],
-    *,
-    model: torch.nn.Module,
-    tokenizer,
-    encoder_output: torch.Tensor,
-    start_sequence: list[int],
-    eot: int,
-    num_frames: int,
-    time_offset: float,
-    alignment_heads: Sequence[tuple[int, int]],
-    language: str,
-) -> None:
+def add_word_timestamps(segments: list[Segment], bundle, encoder_output: torch.Tensor, start_sequence: list[int],
+                        num_frames: int, time_offset: float, language: str) -> None:
     """Fills `segment.words` for one window's segments and fits each segment's times to its words.
 
     Args:
         segments: the window's segments (their tokens include timestamps; only text tokens are aligned).
-        model: the Whisper model (its decoder and cross-attention, eager attention for one pass).
-        tokenizer: the model's tokenizer.
+        bundle: the loaded model (its decoder and cross-attention run once more with eager attention; its
+            tokenizer, end-of-text id and alignment heads: the (layer, head) pairs that follow the audio).
         encoder_output: `[1, 1500, d]` the window's encoder output.
         start_sequence: the start-of-transcript sequence followed by <|notimestamps|>.
-        eot: end-of-text id.
         num_frames: mel frames of real audio in the window.
         time_offset: start of the window in seconds.
-        alignment_heads: (layer, head) pairs whose cross-attention follows the audio.
         language: decides how text splits into words.
     """
+    eot = bundle.special.eot
     per_segment = [[t for t in segment.tokens if t < eot] for segment in segments]
     text_tokens = [t for tokens in per_segment for t in tokens]
     if not text_tokens:
         for segment in segments:
             segment.words = []
         return
-    timings = _merge_punctuations(_align(model, tokenizer, encoder_output, start_sequence, text_tokens, eot,
-                                         num_frames, alignment_heads, language))
+    timings = _merge_punctuations(_align(bundle.model, bundle.tokenizer, encoder_output, start_sequence, text_tokens,
+                                         eot, num_frames, bundle.alignment_heads, language))
     index = 0
     for segment, tokens in zip(segments, per_segment):
         consumed, words = 0, []

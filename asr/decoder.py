@@ -18,12 +18,12 @@ from decoding.kv_cache import StaticKVCache, causal_mask
 class WhisperDecoderAdapter:
     """A Whisper decoder reading a batch of windows' encoder outputs, with preallocated key/value buffers.
 
-    A transformers decoder step spends on a CPU about as long in Python and cache bookkeeping as in arithmetic
-    (base: ~19 ms a token in fp32). This pass runs the decoder's own weights through the same functions in
+    A transformers decoder step spends on a CPU about as long in Python and cache bookkeeping as in arithmetic.
+    This pass runs the decoder's own weights through the same functions in
     transformers' order, so its fp32 logits are bit for bit transformers' (tests/test_decoder.py), but keeps
     keys and values in buffers written by position (gpt-fast's KVCache), computes the cross-attention keys
-    and values once per window, and calls each layer's functions directly rather than through nn.Module:
-    ~25 % less per step for the model, more for low-precision drafts.
+    and values once per window, and calls each layer's functions directly rather than through nn.Module
+    (docs/benchmarks.md has the step costs).
 
     Works for `WhisperForConditionalGeneration`, decoder-only `WhisperForCausalLM` assistants (distil-whisper
     style) and the low-precision decoder copies (bf16, int8 linears, fused projections) alike.

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from asr.decoder import WhisperDecoderAdapter
+
+if TYPE_CHECKING:
+    from asr.models.tokenizer import SpecialTokens
 
 
 def resolve_language(code: str | None, bundle) -> str | None:
@@ -36,17 +41,18 @@ def check_task(task: str, bundle) -> None:
 
 
 @torch.inference_mode()
-def detect_languages(decoder: WhisperDecoderAdapter, sot: int,
-                     language_ids: dict[str, int]) -> list[tuple[str, dict[str, float]]]:
+def detect_languages(decoder: WhisperDecoderAdapter, special: SpecialTokens) -> list[tuple[str, dict[str, float]]]:
     """Whisper's language detection: the decoder's distribution over language tokens after <|startoftranscript|>.
 
     Args:
         decoder: the model's decoder over the windows to classify.
+        special: the model's special tokens (start of transcript, language ids).
 
     Returns:
         Per window: (the most likely language code, probability of every language code).
     """
-    ids = torch.full((decoder.batch_size, 1), sot, dtype=torch.long, device=decoder.device)
+    language_ids = special.languages
+    ids = torch.full((decoder.batch_size, 1), special.sot, dtype=torch.long, device=decoder.device)
     logits = decoder.forward(ids, decoder.new_cache(decoder.batch_size), 1)[:, -1]
     codes = list(language_ids)
     index = torch.tensor([language_ids[c] for c in codes], device=logits.device)

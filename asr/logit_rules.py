@@ -6,11 +6,14 @@ Every filter handles the logits of several positions at once: row `j` of `[1, P,
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from decoding.filters import LogitsFilter, SuppressTokens
+
+if TYPE_CHECKING:
+    from asr.models.tokenizer import SpecialTokens
 
 
 class SuppressAtBegin:
@@ -79,21 +82,20 @@ class TimestampRules:
         return logits
 
 
-def whisper_filters(
-    *,
-    suppress_tokens: Sequence[int],
-    begin_suppress_tokens: Sequence[int],
-    sample_begin: int,
-    timestamps: bool,
-    eot: int,
-    no_timestamps: int,
-    timestamp_begin: int,
-    max_initial_timestamp_index: int | None = 50,
-) -> list[LogitsFilter]:
-    """The filters openai-whisper applies, in its order: blank at begin, suppressed tokens, timestamp rules."""
-    filters: list[LogitsFilter] = [SuppressAtBegin(begin_suppress_tokens, sample_begin), SuppressTokens(suppress_tokens)]
+def whisper_filters(special: SpecialTokens, sample_begin: int, timestamps: bool,
+                    max_initial_timestamp_index: int | None = 50) -> list[LogitsFilter]:
+    """The filters openai-whisper applies, in its order: blank at begin, suppressed tokens, timestamp rules.
+
+    Args:
+        special: the model's special tokens (suppress lists, end of text, timestamp ids).
+        sample_begin: the prompt's length: the first generated position.
+        timestamps: whether the model predicts timestamp tokens.
+        max_initial_timestamp_index: the latest timestamp the first one may be (50: 1 s), None for any.
+    """
+    filters: list[LogitsFilter] = [SuppressAtBegin(special.begin_suppress_tokens, sample_begin),
+                                   SuppressTokens(special.suppress_tokens)]
     if timestamps:
-        filters.append(TimestampRules(sample_begin=sample_begin, eot=eot, no_timestamps=no_timestamps,
-                                      timestamp_begin=timestamp_begin,
+        filters.append(TimestampRules(sample_begin=sample_begin, eot=special.eot, no_timestamps=special.no_timestamps,
+                                      timestamp_begin=special.timestamp_begin,
                                       max_initial_timestamp_index=max_initial_timestamp_index))
     return filters

@@ -17,14 +17,21 @@ import numpy as np
 import torch
 
 from asr.alignment import add_word_timestamps
-from asr.assist.assistants import WindowContext
 from asr.chunks import SpeechMap
 from asr.decoder import WhisperDecoderAdapter
 from asr.language import check_task, detect_languages, resolve_language
 from asr.logit_rules import whisper_filters
 from asr.options import TranscribeOptions
 from asr.results import Segment, Transcript, TranscriptionStats
-from asr.window import FallbackRules, decode_windows, encode, no_speech_skip, split_segments
+from asr.window import (
+    FallbackRules,
+    WindowContext,
+    WindowSettings,
+    decode_windows,
+    encode,
+    no_speech_skip,
+    split_segments,
+)
 from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
 from audio.vad import speech_regions
 from decoding import DraftSource
@@ -44,7 +51,7 @@ class DecodedWindow:
 
 
 class WindowAssistant(Protocol):
-    """An assistant for Whisper (see `asr.assist.assistants`)."""
+    """An assistant for Whisper (`asr.assist.assistants` has every kind)."""
 
     name: str
 
@@ -259,6 +266,9 @@ class _WindowDecoder:
         self.observer = observer
         self.rules = FallbackRules(options.temperatures, options.compression_ratio_threshold,
                                    options.logprob_threshold, options.no_speech_threshold)
+        schedule, num_assistant_tokens = options.drafting(getattr(assistant, "schedule", None))
+        self.settings = WindowSettings(self.rules, bundle.special, self.decode_text, options.max_new_tokens,
+                                       schedule, num_assistant_tokens)
 
     def decode_text(self, tokens: list[int]) -> str:
         return self.bundle.tokenizer.decode(tokens)
@@ -267,8 +277,7 @@ class _WindowDecoder:
         """The language of one window of samples, and the probability of each language code."""
         features = log_mel([window], self.bundle.n_mels)
         decoder = WhisperDecoderAdapter(self.bundle.model, encode(self.bundle.model, features))
-        (language, probs), = detect_languages(decoder.rows([0]), self.bundle.special.sot,
-                                              self.bundle.special.languages)
+        (language, probs), = detect_languages(decoder.rows([0]), self.bundle.special)
         logger.info("detected language %s (p=%.2f)", language, probs[language])
         return language, probs
 
@@ -283,7 +292,7 @@ class _WindowDecoder:
         model_decoder = WhisperDecoderAdapter(bundle.model, encoder_output)
         undetected = [i for i, item in enumerate(items) if item.language is None]
         if undetected:
-            found = detect_languages(model_decoder.rows(undetected), special.sot, special.languages)
+            found = detect_languages(model_decoder.rows(undetected), special)
             for i, (language, probs) in zip(undetected, found):
                 items[i].language, items[i].language_probs = language, probs
                 logger.info("detected language %s (p=%.2f)", language, probs[language])
@@ -293,15 +302,11 @@ class _WindowDecoder:
         previous = [item.previous(bundle) for item in items]
         prompts, filters = [], []
         for item, prev in zip(items, previous):
-            prompt, sot_index = _prompt(bundle, item.language, options, prev)
+            prompt, sot_index = special.prompt(prev, item.language, options.task, options.timestamps)
             # <|startoftranscript|> sits as far from the end of every prompt (a negative index).
             sot_from_end = sot_index - len(prompt)
             prompts.append(prompt)
-            filters.append(whisper_filters(
-                suppress_tokens=special.suppress_tokens, begin_suppress_tokens=special.begin_suppress_tokens,
-                sample_begin=len(prompt), timestamps=options.timestamps, eot=special.eot,
-                no_timestamps=special.no_timestamps, timestamp_begin=special.timestamp_begin,
-            ))
+            filters.append(whisper_filters(special, len(prompt), options.timestamps))
         make_draft = None
         if self.assistant is not None:
             contexts = [WindowContext(features[i:i + 1], encoder_output[i:i + 1], prompts[i], filters[i], previous[i],
@@ -310,14 +315,10 @@ class _WindowDecoder:
             elapsed += assistant_seconds
         for item in items:
             item.stats.encode_seconds += elapsed * share
-        schedule, num_assistant_tokens = options.drafting(getattr(self.assistant, "schedule", None))
         t = time.perf_counter()
-        decoded = decode_windows(
-            model_decoder, prompts, rules=self.rules, filters=filters, make_draft=make_draft,
-            eot=special.eot, no_speech=special.no_speech, sot_from_end=sot_from_end, decode_text=self.decode_text,
-            max_new_tokens=options.max_new_tokens, schedule=schedule, num_assistant_tokens=num_assistant_tokens,
-            seed=None if options.seed is None else options.seed + items[0].seek,
-        )
+        decoded = decode_windows(model_decoder, prompts, filters, self.settings, make_draft=make_draft,
+                                 sot_from_end=sot_from_end,
+                                 seed=None if options.seed is None else options.seed + items[0].seek)
         elapsed = time.perf_counter() - t
 
         # 3. Cut each window into segments; word times come from one more pass of the model over the final tokens.
@@ -331,18 +332,15 @@ class _WindowDecoder:
                 item.consume([], item.segment_size, result.temperature)
                 continue
             time_offset = item.seek * HOP_LENGTH / SAMPLE_RATE
-            segments, advance = split_segments(result, special.timestamp_begin, special.eot, item.seek, time_offset,
-                                               item.segment_size, item.segment_size * HOP_LENGTH / SAMPLE_RATE,
-                                               self.decode_text)
+            segments, advance = split_segments(result, special, item.seek, item.segment_size, self.decode_text)
             if options.word_timestamps and segments:
                 t = time.perf_counter()
                 sot_index = len(prompts[i]) + sot_from_end
-                add_word_timestamps(
-                    segments, model=bundle.model, tokenizer=bundle.tokenizer, encoder_output=encoder_output[i:i + 1],
-                    start_sequence=prompts[i][sot_index:] + [special.no_timestamps],  # word times need timestamps
-                    eot=special.eot, num_frames=item.segment_size, time_offset=time_offset,
-                    alignment_heads=bundle.alignment_heads, language=item.language,
-                )
+                # openai-whisper's alignment pass: the start sequence, <|notimestamps|> (once), the text tokens.
+                start_sequence = [t for t in prompts[i][sot_index:] if t != special.no_timestamps]
+                start_sequence.append(special.no_timestamps)
+                add_word_timestamps(segments, bundle, encoder_output[i:i + 1], start_sequence, item.segment_size,
+                                    time_offset, item.language)
                 item.stats.decode_seconds += time.perf_counter() - t
             item.consume(segments, advance, result.temperature)
 
@@ -357,19 +355,3 @@ def _is_silent(samples: np.ndarray, threshold_db: float | None) -> bool:
 def _previous_text(tokens: list[int], bundle) -> list[int]:
     """The tail of the previous text that fits in the prompt: half the decoder context (openai-whisper's limit)."""
     return tokens[-(bundle.model.config.max_target_positions // 2 - 1):] if tokens else []
-
-
-def _prompt(bundle, language: str, options: TranscribeOptions, previous: list[int]) -> tuple[list[int], int]:
-    """The decoder prompt: previous text after <|startofprev|>, then the start-of-transcript sequence."""
-    special = bundle.special
-    prompt: list[int] = [special.prev] + previous if previous else []
-    sot_index = len(prompt)
-    prompt.append(special.sot)
-    if bundle.is_multilingual:
-        task = special.translate if options.task == "translate" else special.transcribe
-        prompt += [special.languages[language], task]
-    if not options.timestamps:
-        prompt.append(special.no_timestamps)
-    return prompt, sot_index
-
-

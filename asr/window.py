@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
 from asr.decoder import WhisperDecoderAdapter
 from asr.results import Segment
-from decoding import DraftSource, GenerationOptions, GenerationStats, LogitsFilter, SamplingOptions
+from audio.constants import HOP_LENGTH, SAMPLE_RATE
+from decoding import (
+    DraftSource,
+    GenerationOptions,
+    GenerationStats,
+    LogitsFilter,
+    SamplingOptions,
+)
 from decoding.engine import GenerationResult, generate_batch
+
+if TYPE_CHECKING:
+    from asr.models.tokenizer import SpecialTokens
 
 
 @torch.inference_mode()
@@ -21,6 +31,20 @@ def encode(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
     param = next(model.parameters())
     return model.get_encoder()(features.to(device=param.device, dtype=param.dtype)).last_hidden_state
 
+
+
+@dataclass
+class WindowContext:
+    """What an assistant needs to know about the window being decoded."""
+
+    features: torch.Tensor  # [1, n_mels, 3000] log-mel features of the window
+    encoder_output: torch.Tensor  # [1, 1500, d_model] the model's encoder output
+    prompt: list[int]  # the model's decoder prompt
+    filters: list[LogitsFilter]  # the model's logit rules for this prompt
+    previous: list[int]  # previous-text tokens in the prompt (model ids)
+    language: str
+    task: str
+    timestamps: bool
 
 
 @dataclass
@@ -60,20 +84,26 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
+@dataclass(frozen=True)
+class WindowSettings:
+    """What stays the same for every window of one run."""
+
+    rules: FallbackRules  # temperatures and thresholds
+    special: SpecialTokens  # end of text, no speech, timestamps
+    decode_text: Callable[[list[int]], str]  # tokens -> text, for the compression check and segments
+    max_new_tokens: int  # most tokens in one window
+    schedule: str  # drafting schedule
+    num_assistant_tokens: int  # drafts per round (start)
+
+
 def decode_windows(
     decoder: WhisperDecoderAdapter,
     prompts: Sequence[Sequence[int]],
-    *,
-    rules: FallbackRules,
     filters: Sequence[Sequence[LogitsFilter]],
+    settings: WindowSettings,
+    *,
     make_draft: Callable[[list[int]], DraftSource] | None,
-    eot: int,
-    no_speech: int | None,
     sot_from_end: int,
-    decode_text: Callable[[list[int]], str],
-    max_new_tokens: int,
-    schedule: str,
-    num_assistant_tokens: int,
     seed: int | None,
 ) -> list[tuple[WindowResult, GenerationStats]]:
     """Decodes a batch of windows, each at every temperature in turn until its result passes the checks.
@@ -83,16 +113,12 @@ def decode_windows(
     Args:
         decoder: the model's decoder over the windows (their cross-attention keys and values computed once).
         prompts: per window, previous-text tokens and the start-of-transcript sequence.
-        rules: temperatures and thresholds.
         filters: per window, Whisper's logit rules for its prompt.
+        settings: the run's fallback rules, special tokens and drafting options.
         make_draft: rows -> the assistant's draft source for those windows (it reuses its encoder output
             across temperatures), or None.
-        eot: end-of-text id.
-        no_speech: the no-speech token id, whose probability at <|startoftranscript|> flags silence.
-        sot_from_end: how far <|startoftranscript|> is from the end of every prompt (a negative index).
-        decode_text: tokens -> text, for the compression check.
-        max_new_tokens: most tokens in one window.
-        schedule, num_assistant_tokens: drafting options.
+        sot_from_end: how far <|startoftranscript|> is from the end of every prompt (a negative index); the
+            no-speech probability is read there.
         seed: seed for sampled attempts.
 
     Returns:
@@ -102,15 +128,15 @@ def decode_windows(
     results: list[WindowResult | None] = [None] * len(prompts)
     stats = [GenerationStats() for _ in prompts]
     pending = list(range(len(prompts)))
-    for temperature in rules.temperatures:
+    for temperature in settings.rules.temperatures:
         options = GenerationOptions(
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=(eot,),
+            max_new_tokens=settings.max_new_tokens,
+            eos_token_ids=(settings.special.eot,),
             max_length=decoder.max_length,
             sampling=SamplingOptions(temperature=temperature),
             seed=seed,
-            schedule=schedule,
-            num_assistant_tokens=num_assistant_tokens,
+            schedule=settings.schedule,
+            num_assistant_tokens=settings.num_assistant_tokens,
             prompt_logits_at=sot_from_end,
         )
         draft = make_draft(pending) if make_draft is not None else None
@@ -118,22 +144,21 @@ def decode_windows(
                                    [filters[i] for i in pending])
         for i, result in zip(pending, generated):
             stats[i].add(result.stats)
-            results[i] = _window_result(result, temperature, eot, no_speech, decode_text)
-        pending = [i for i in pending if rules.needs_fallback(results[i])]
+            results[i] = _window_result(result, temperature, settings)
+        pending = [i for i in pending if settings.rules.needs_fallback(results[i])]
         if not pending:
             break
     return [(r, s) for r, s in zip(results, stats)]
 
 
-def _window_result(generated: GenerationResult, temperature: float, eot: int, no_speech: int | None,
-                   decode_text: Callable[[list[int]], str]) -> WindowResult:
+def _window_result(generated: GenerationResult, temperature: float, settings: WindowSettings) -> WindowResult:
     tokens = generated.tokens[:-1] if generated.finished else generated.tokens
     # openai-whisper divides by the token count plus one: the end-of-text token's log-probability is included.
     avg_logprob = sum(generated.logprobs) / (len(tokens) + 1)
     no_speech_prob = 0.0
-    if no_speech is not None and generated.prompt_logits is not None:
-        no_speech_prob = generated.prompt_logits.float().softmax(-1)[no_speech].item()
-    text = decode_text([t for t in tokens if t < eot])
+    if generated.prompt_logits is not None:
+        no_speech_prob = generated.prompt_logits.float().softmax(-1)[settings.special.no_speech].item()
+    text = settings.decode_text([t for t in tokens if t < settings.special.eot])
     return WindowResult(tokens, temperature, avg_logprob, compression_ratio(text), no_speech_prob)
 
 
@@ -149,14 +174,23 @@ TIME_PRECISION = 0.02
 INPUT_STRIDE = 2
 
 
-def split_segments(result: WindowResult, timestamp_begin: int, eot: int, seek: int, time_offset: float,
-                   segment_size: int, segment_duration: float,
+def split_segments(result: WindowResult, special: SpecialTokens, seek: int, segment_size: int,
                    decode_text: Callable[[list[int]], str]) -> tuple[list[Segment], int]:
     """openai-whisper's segmentation of one window's tokens at consecutive timestamp pairs.
+
+    Args:
+        result: the window's decoding.
+        special: the model's special tokens (end of text, timestamps).
+        seek: the window's first mel frame in the audio.
+        segment_size: the window's length in mel frames.
+        decode_text: tokens -> text.
 
     Returns:
         (the window's segments, how many mel frames to advance).
     """
+    timestamp_begin, eot = special.timestamp_begin, special.eot
+    time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+    segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
     tokens = result.tokens
     is_timestamp = [t >= timestamp_begin for t in tokens]
     single_timestamp_ending = is_timestamp[-2:] == [False, True]

@@ -15,7 +15,7 @@ _LAZY = {"AudioError": "audio.load", "duration_seconds": "audio.load", "load_aud
          "log_mel": "audio.features", "pad_or_trim": "audio.features"}
 
 __all__ = ["CHUNK_LENGTH", "FRAMES_PER_SECOND", "HOP_LENGTH", "N_FFT", "N_FRAMES", "N_SAMPLES", "SAMPLE_RATE",
-           *_LAZY]
+           "AudioError", "duration_seconds", "load_audio", "log_mel", "pad_or_trim"]
 
 
 def __getattr__(name: str):

@@ -1,9 +1,8 @@
 """Voice activity detection with Silero VAD: where in a recording someone speaks.
 
 The `silero-vad` package ships the model files, so this works offline. Probabilities come from its "sequence"
-ONNX model (one onnxruntime call per ~16 s block), the cheapest of its three forms: 3.2-3.4x cheaper than the
-frame-by-frame ONNX model and 5.8-5.9x cheaper than TorchScript on the same audio, with the same regions
-(`scripts/bench_vad.py`). The region rules (threshold, minimum speech and silence, padding, maximum length)
+ONNX model (one onnxruntime call per ~16 s block), the cheapest of its three forms, with the same regions as
+the frame-by-frame ONNX and TorchScript models (`scripts/bench_vad.py` measures all three; docs/long-form.md). The region rules (threshold, minimum speech and silence, padding, maximum length)
 are the package's own `get_speech_timestamps_from_probs`, which faster-whisper's `VadOptions` mirror.
 """
 

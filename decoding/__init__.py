@@ -12,7 +12,24 @@ _LAZY = {
     "GenerationStats": "decoding.stats",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "AssistantDraft",
+    "CausalLMAdapter",
+    "Draft",
+    "DraftSource",
+    "GenerationOptions",
+    "GenerationResult",
+    "GenerationStats",
+    "LogitsFilter",
+    "ModelAdapter",
+    "PromptLookupDraft",
+    "SCHEDULES",
+    "SamplingOptions",
+    "SuppressTokens",
+    "causal_lm_adapter",
+    "generate",
+    "make_schedule",
+]
 
 
 def __getattr__(name: str):

@@ -13,7 +13,12 @@ from typing import Protocol, Sequence
 import torch
 
 from decoding.adapters import ModelAdapter
-from decoding.filters import LogitsFilter, SamplingOptions, apply_filters, sampling_probs
+from decoding.filters import (
+    LogitsFilter,
+    SamplingOptions,
+    apply_filters,
+    sampling_probs,
+)
 from decoding.ragged import RaggedBatch
 
 

@@ -16,7 +16,12 @@ import torch
 
 from decoding.adapters import ModelAdapter
 from decoding.drafts import Draft, DraftSource
-from decoding.filters import LogitsFilter, SamplingOptions, apply_filters, sampling_probs
+from decoding.filters import (
+    LogitsFilter,
+    SamplingOptions,
+    apply_filters,
+    sampling_probs,
+)
 from decoding.ragged import RaggedBatch
 from decoding.schedule import DraftSchedule, make_schedule
 from decoding.stats import GenerationStats

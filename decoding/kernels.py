@@ -1,9 +1,10 @@
 """The kernels a decoder step runs on a CPU: oneDNN matrix products, and attention that suits a few query rows.
 
 A decoder step reads every weight once for a handful of rows, so on a CPU its time is memory traffic. PyTorch's
-`F.linear` calls MKL's sgemm, which on AMD EPYC streams the 51,865 x 512 head of Whisper base at ~9 GB/s for
-one row and takes 2.3x as long for six; oneDNN's `_linear_pointwise` on the same dense weights (no copy, no
-reordering) reaches ~20 GB/s and checks six rows in about the time of one. (The encoder's 1,500-row products
+`F.linear` calls MKL's sgemm, which on the AMD EPYC machines we measured streams a large weight (Whisper base's
+51,865 x 512 head) at half the speed oneDNN's `_linear_pointwise` reaches on the same dense weights (no copy, no
+reordering), and takes much longer for six rows than for one, where oneDNN checks six rows in about the time
+of one (docs/precision.md has the figures). (The encoder's 1,500-row products
 run at the CPU's peak either way.)
 
 `reference_kernels()` (or `ASSISTED_WHISPER_KERNELS=aten` in the environment) selects PyTorch's defaults
@@ -73,9 +74,9 @@ class OneDnnLinear(torch.nn.Linear):
         return state
 
     def pack(self) -> None:
-        """Keeps a second copy of the weight in oneDNN's blocked layout. Worth its memory for the output head:
-        base's decoder pass took 14.5 ms with it against 16.1 ms over the plain weight (51,865 rows read per
-        token); for the other layers it made no difference."""
+        """Keeps a second copy of the weight in oneDNN's blocked layout. Worth its memory for the output head
+        (51,865 rows read per token: a measurably cheaper pass, docs/precision.md); for the other layers it made
+        no difference."""
         if _onednn(self.weight) and self.packed is None:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
@@ -102,8 +103,8 @@ class Attention:
 
     On a CPU it is product, softmax, product over keys and values that `prepare` lays out once for all steps
     (the cross-attention's: a product over a strided operand copies it, 1,500 rows a call). SDPA's CPU
-    kernel is made for many query rows: with a few, base's decoder pass took 18.0 ms through it in float32
-    against 15.4 ms so, and in bfloat16 one call took 5x as long. On other devices it is SDPA.
+    kernel is made for many query rows: with a few it made base's decoder pass slower in float32 and a call
+    several times slower in bfloat16 (docs/precision.md). On other devices it is SDPA.
     """
 
     def __init__(self, device: torch.device) -> None:

@@ -34,21 +34,26 @@ def load_text_model(name: str, *, device: str = "cpu", dtype: torch.dtype = torc
         config = AutoConfig.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError) as error:
         raise ValueError(f"cannot load model {name!r}: not a local folder with config.json, and not reachable "
-                         f"on the Hub ({str(error).splitlines()[0]})") from None
+                         f"on the Hub ({_first_line(error)})") from None
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"{name} is an encoder-decoder model ({config.model_type}); `asr generate` takes causal "
                          "LMs — use `asr transcribe` for Whisper")
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, use_safetensors=True, trust_remote_code=False)
     except ValueError as error:
-        raise ValueError(f"{name} is not a causal language model: {str(error).splitlines()[0]}") from None
+        raise ValueError(f"{name} is not a causal language model: {_first_line(error)}") from None
     except OSError as error:
-        raise ValueError(f"cannot load weights of {name!r}: {str(error).splitlines()[0]}") from None
+        raise ValueError(f"cannot load weights of {name!r}: {_first_line(error)}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError) as error:
-        raise ValueError(f"{name} has no usable tokenizer: {str(error).splitlines()[0]}") from None
+        raise ValueError(f"{name} has no usable tokenizer: {_first_line(error)}") from None
     return TextModel(name, model.to(device).eval(), tokenizer)
+
+
+def _first_line(error: Exception) -> str:
+    """The first line of an error message (loading errors from transformers run to many lines)."""
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
 
 
 def same_vocabulary(a: Any, b: Any) -> bool:

@@ -3,7 +3,7 @@
 - `LibraryBackend`: this project's `asr.transcribe.transcribe`, plain or assisted, sequential (optionally after
   VAD) or batched.
 - `TransformersBackend`: transformers' own `WhisperForConditionalGeneration.generate`, with or without
-  `assistant_model`, on the same loaded model (design.md §5-7: the baseline to beat).
+  `assistant_model`, on the same loaded model (the baseline to beat).
 - `eval.ctranslate2_backend.FasterWhisperBackend`: CTranslate2 through faster-whisper, greedy (beam 1), as an
   outside speed anchor, in a process of its own.
 

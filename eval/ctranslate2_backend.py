@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from asr.errors import first_line
 from eval.backends import BackendUnavailable, Decoded
 from eval.configs import EvalConfig
 
@@ -19,9 +20,9 @@ class FasterWhisperBackend:
     `batched=N` its `BatchedInferencePipeline` (its VAD, chunks of 30 s, its defaults otherwise).
 
     It runs in a process of its own, as its users run it: once CTranslate2 had decoded in our process, PyTorch's
-    decoding there took 1.3-1.5x as long for the rest of the run (two OpenMP runtimes and two oneDNN copies in
+    decoding there took markedly longer for the rest of the run (two OpenMP runtimes and two oneDNN copies in
     one process; the cause was not pinned down), which would make every comparison unfair to one side.
-    The samples go to it through a pipe (10 MB for 158 s, milliseconds) inside the timed call.
+    The samples go to it through a pipe (milliseconds for minutes of audio) inside the timed call.
     """
 
     def __init__(self, config: EvalConfig, model_name: str, device: str, threads: int) -> None:
@@ -82,7 +83,7 @@ def _faster_whisper_worker(connection: Any, folder: str, device: str, compute_ty
                              local_files_only=True)
         pipeline = BatchedInferencePipeline(model) if batch_size is not None else None
     except Exception as error:  # CTranslate2 names a compute type it cannot use here, among others
-        connection.send(("error", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"))
+        connection.send(("error", f"{type(error).__name__}: {first_line(error)}"))
         return
     connection.send(("ready", None))
     while True:
@@ -110,23 +111,18 @@ def ct2_folder(model_name: str) -> Path | None:
 
     A package that ships `model.bin` in parts (`base`) is joined once into the conversion cache.
     """
-    from asr.models import registry
+    from asr.models.cache import cache_dir, package_source
 
     path = Path(model_name).expanduser()
     if path.is_dir():
         return path if (path / "model.bin").is_file() else None
-    if model_name not in registry.PACKAGES:
-        return None
-    try:
-        source = registry.PACKAGES[model_name]()
-    except ImportError:
+    source = package_source(model_name)
+    if source is None:
         return None
     files = source.model_files
-    if not all(f.is_file() for f in files):
-        return None
     if len(files) == 1 and files[0].name == "model.bin" and files[0].parent == source.config_json.parent:
         return files[0].parent
-    folder = registry.cache_dir() / f"faster-whisper-{model_name}"
+    folder = cache_dir() / f"faster-whisper-{model_name}"
     _join_parts(files, source.config_json.parent, folder)
     return folder
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from asr.errors import first_line
 from audio.constants import SAMPLE_RATE
 from eval.backends import Backend, Decoded
 from eval.configs import EvalConfig
@@ -127,7 +128,7 @@ def _decode(backend: Backend, samples, item: EvalItem, on_problem: Callable[[str
     try:
         decoded = backend.decode(samples, item.language)
     except Exception as error:  # one item or configuration must not end a long run; the reason is kept
-        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        message = first_line(error)
         failure = Failure(f"{type(error).__name__}: {message}" if message else type(error).__name__)
         logger.debug("%s failed on %s", backend.config.name, item.id, exc_info=True)
         if on_problem is not None:

@@ -28,9 +28,9 @@ import torch
 
 from asr.assist.choose import draft_folder, make_assistant
 from asr.decoder import WhisperDecoderAdapter
-from asr.assist.distill.data import window_from_decoded
-from asr.assist.distill.student import load_draft
-from asr.assist.distill.train import agreement
+from asr.distill.data import window_from_decoded
+from asr.assist.draft import load_draft
+from asr.distill.train import agreement
 from asr.options import TranscribeOptions
 from asr.models.registry import load_model
 from asr.transcribe import transcribe, transcribe_many

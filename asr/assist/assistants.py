@@ -12,34 +12,20 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from asr.decoder import WhisperDecoderAdapter
+from asr.errors import first_line
 from asr.logit_rules import whisper_filters
-from asr.window import encode
-from decoding import AssistantDraft, DraftSource, LogitsFilter
+from asr.window import WindowContext, encode
+from decoding import AssistantDraft, DraftSource
 from decoding.universal import CrossTokenizerDraft
 
 # Precisions of a drafting copy of a decoder: `self:int8`, `tiny.en:bf16`, ...
 PRECISIONS = ("bf16", "int8", "fp16", "fp32")
-
-
-@dataclass
-class WindowContext:
-    """What an assistant needs to know about the window being decoded."""
-
-    features: torch.Tensor  # [1, n_mels, 3000] log-mel features of the window
-    encoder_output: torch.Tensor  # [1, 1500, d_model] the model's encoder output
-    prompt: list[int]  # the model's decoder prompt
-    filters: list[LogitsFilter]  # the model's logit rules for this prompt
-    previous: list[int]  # previous-text tokens in the prompt (model ids)
-    language: str
-    task: str
-    timestamps: bool
 
 
 class SharedEncoderAssistant:
@@ -94,13 +80,8 @@ class FullAssistant:
                 return AssistantDraft(decoder.rows(rows), row_filters=[windows[r].filters for r in rows])
             return make_draft, seconds
 
-        special = self.bundle.special
         prompts = [self._prompt(w) for w in windows]
-        filters = [whisper_filters(
-            suppress_tokens=special.suppress_tokens, begin_suppress_tokens=special.begin_suppress_tokens,
-            sample_begin=len(prompt), timestamps=w.timestamps, eot=special.eot,
-            no_timestamps=special.no_timestamps, timestamp_begin=special.timestamp_begin,
-        ) for prompt, w in zip(prompts, windows)]
+        filters = [whisper_filters(self.bundle.special, len(prompt), w.timestamps) for prompt, w in zip(prompts, windows)]
 
         def make_bridged_draft(rows: list[int]) -> DraftSource:
             return CrossTokenizerDraft(decoder.rows(rows), self.model_tokenizer, self.bundle.tokenizer,
@@ -109,19 +90,15 @@ class FullAssistant:
         return make_bridged_draft, seconds
 
     def _prompt(self, window: WindowContext) -> list[int]:
-        """The assistant's own start sequence: English-only models take no language or task tokens."""
+        """The window's prompt in the assistant's tokens: the previous text re-tokenized (its last 223 tokens),
+        and English where the assistant does not know the window's language."""
         special = self.bundle.special
-        prompt: list[int] = []
+        previous: list[int] = []
         if window.previous:
             text = self.model_tokenizer.decode([t for t in window.previous if t < self.model_eot])
-            prompt = [special.prev] + self.bundle.tokenizer.encode(text, add_special_tokens=False)[-223:]
-        prompt.append(special.sot)
-        if self.bundle.is_multilingual:
-            prompt += [special.languages.get(window.language, special.languages.get("en")),
-                       special.translate if window.task == "translate" else special.transcribe]
-        if not window.timestamps:
-            prompt.append(special.no_timestamps)
-        return prompt
+            previous = self.bundle.tokenizer.encode(text, add_special_tokens=False)[-223:]
+        language = window.language if window.language in special.languages else "en"
+        return special.prompt(previous, language, window.task, window.timestamps)[0]
 
 
 def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch.nn.Module, torch.dtype | None]:
@@ -204,7 +181,7 @@ def load_decoder_assistant(name: str, model_bundle: Any, *, device: str, dtype: 
     try:
         decoder = WhisperForCausalLM.from_pretrained(name, dtype=dtype, use_safetensors=True, trust_remote_code=False)
     except (OSError, ValueError) as error:
-        raise ValueError(f"cannot load assistant {name!r}: {str(error).splitlines()[0]}") from None
+        raise ValueError(f"cannot load assistant {name!r}: {first_line(error)}") from None
     check_pair(model_bundle, decoder.config, name)
     return SharedEncoderAssistant(name, decoder.to(device).eval())
 

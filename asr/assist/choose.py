@@ -11,13 +11,13 @@ import torch
 
 from asr.assist.assistants import (
     PRECISIONS,
+    DecoderCopy,
     FullAssistant,
     SharedEncoderAssistant,
-    DecoderCopy,
     is_decoder_only,
-    same_encoder,
     load_decoder_assistant,
     low_precision_decoder,
+    same_encoder,
 )
 from asr.models.offload import OffloadOptions, offload_store
 from asr.models.precision import Precision, compute_dtype
@@ -78,7 +78,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
         return SharedEncoderAssistant(spec, module.eval(), input_dtype)
     folder = draft_folder(name)
     if folder is not None:
-        from asr.assist.distill.student import load_draft
+        from asr.assist.draft import load_draft
 
         draft = load_draft(folder, model_bundle.model)
         return _in_precision(SharedEncoderAssistant(spec, draft), precision, spec)
@@ -104,7 +104,7 @@ DRAFTS_DIR = Path(__file__).resolve().parent / "drafts"
 
 def shipped_drafts() -> dict[str, Path]:
     """Names of the drafts shipped with the package, and their folders."""
-    from asr.assist.distill.student import is_draft_folder
+    from asr.assist.draft import is_draft_folder
 
     if not DRAFTS_DIR.is_dir():
         return {}
@@ -113,7 +113,7 @@ def shipped_drafts() -> dict[str, Path]:
 
 def draft_folder(name: str) -> Path | None:
     """The folder of a draft named `name` (shipped) or at path `name` (written by `asr distill`), else None."""
-    from asr.assist.distill.student import is_draft_folder
+    from asr.assist.draft import is_draft_folder
 
     shipped = shipped_drafts().get(name)
     if shipped is not None:
@@ -147,11 +147,10 @@ DISTIL_FOR = {
 }
 
 
-# Students worth drafting with on a CPU as well. fp32, 2 threads, real shapes with random weights
-# (`scripts/bench_gpu.py shapes --device cpu ...`, README): a distil-large-v3 step costs 0.087 of a large-v3
-# step (22 ms against 254), distil-medium.en 0.11 of medium.en's (18 against 166), so drafting pays from ~30 %
-# and ~20 % agreement on. distil-small.en keeps 4 of small.en's 12 layers and the whole output head: 0.38 of
-# its step (21 against 56), paying only above ~46 % agreement and by 1.1-1.2x at 70-80 %, so none there.
+# Students worth drafting with on a CPU as well: those whose step is a small fraction of their teacher's, so
+# that drafting pays even at modest agreement (`scripts/bench_gpu.py shapes --device cpu`; docs/benchmarks.md,
+# "What auto picks"). distil-small.en keeps 4 of small.en's 12 layers and the whole output head: too large a
+# share of small.en's step to pay at the agreement it reaches.
 CPU_STUDENTS = ("distil-whisper/distil-large-v3", "distil-whisper/distil-large-v2", "distil-whisper/distil-medium.en")
 
 
@@ -160,11 +159,11 @@ def auto_assistant(device_type: str, source: str) -> str:
     a `device_type` device: the assistant our measurements show to be fastest, with the same words.
 
     A distil-whisper student that shares the model's encoder where one exists: on a GPU, where a large
-    model's 32-layer step costs ~14x a 2-layer student's (H200, fp16); on a CPU only where our measurements
-    show the student's step to be a small fraction of the model's (`CPU_STUDENTS`). Otherwise none: for a
-    model as small as `base` no assistant available here pays on either (a CPU step is bound by memory traffic
-    that a same-size copy cannot shed; the distilled `base-draft` agrees too rarely to make up for its own
-    steps; a GPU step is bound by kernel launches: README, "What `auto` picks").
+    model's step costs many times a 2-layer student's; on a CPU only where the student's step is a small
+    fraction of the model's (`CPU_STUDENTS`). Otherwise none: for a model as small as `base` no assistant
+    available here pays on either (a CPU step is bound by memory traffic that a same-size copy cannot shed;
+    the distilled `base-draft` agrees too rarely to make up for its own steps; a GPU step is bound by kernel
+    launches: docs/benchmarks.md, "What auto picks").
     """
     student = DISTIL_FOR.get(source.removeprefix("hub:"), "none")
     if device_type == "cpu" and student not in CPU_STUDENTS:
@@ -182,7 +181,7 @@ def offload_assistants(source: str, device_type: str) -> list[str]:
     """Resident assistants worth trying for a model whose decoder layers are offloaded, best first.
 
     A distil-whisper student that shares the model's encoder where one exists; then, on a CPU, the int8 copy of
-    the model's own decoder (weight-only int8, ~91-93 % agreement with base's greedy tokens, 52 MB for base).
+    the model's own decoder (weight-only int8: it agrees with the model on most tokens, at a quarter of the fp32 size).
     A draft trained for the model (`asr distill`; `base-draft`) drafts for an offloaded model by name too;
     it belongs before the int8 copy here once measured offloaded (its steps are cheaper, its agreement lower).
     On a GPU a same-size fp16 copy would need the memory the offload frees, so there is no such fallback there.

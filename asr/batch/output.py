@@ -19,8 +19,9 @@ try:
 except ImportError:  # Windows: no advisory locks; one run per output is then up to the user
     fcntl = None
 
-from asr.results import Transcript
 from asr.batch.sources import Item
+from asr.errors import first_line
+from asr.results import Transcript
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +44,8 @@ def make_row(item: Item, transcript: Transcript | None, error: str | None, with_
     if item.text is not None:
         row["reference"] = item.text
     row["stats"] = transcript.stats.to_dict() if transcript is not None else None
-    row["error"] = None if transcript is not None else one_line(error or "failed")
+    row["error"] = None if transcript is not None else first_line(error or "failed") or "failed"
     return row
-
-
-def one_line(message: str) -> str:
-    """The first non-empty line of `message`, for the `error` field."""
-    return next((line.strip() for line in str(message).splitlines() if line.strip()), "failed")
 
 
 class RowWriter:

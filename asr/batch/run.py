@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from asr.batch.output import RowWriter, make_row, one_line, read_done_ids
-from asr.options import TranscribeOptions
+from asr.batch.output import RowWriter, make_row, read_done_ids
 from asr.batch.shards import (
     Processes,
     existing_parts,
@@ -35,6 +34,8 @@ from asr.batch.shards import (
     wait_for_parts,
 )
 from asr.batch.sources import Item, iter_items, load_item_audio
+from asr.errors import first_line
+from asr.options import TranscribeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -244,10 +245,10 @@ def _decode(item: Item) -> tuple[np.ndarray | None, str | None]:
     try:
         return load_item_audio(item), None
     except ValueError as error:  # audio.AudioError: missing, corrupt, empty, undecodable
-        return None, one_line(str(error))
+        return None, first_line(str(error))
     except Exception as error:  # a decoder library failing on odd bytes: still only this item's problem
         logger.debug("decoding %s failed", item.display, exc_info=True)
-        return None, one_line(f"{item.display}: cannot decode ({type(error).__name__}: {error})")
+        return None, first_line(f"{item.display}: cannot decode ({type(error).__name__}: {error})")
 
 
 def _decode_ahead(items: Iterator[Item], workers: int, depth: int) -> Iterator[tuple[Item, np.ndarray | None, str | None]]:
@@ -313,8 +314,8 @@ def _transcribe(bundle: Any, audios: list[np.ndarray], options: TranscribeOption
         if isinstance(error, MemoryError) or "out of memory" in str(error).lower():
             raise  # the machine's problem, not the item's: stop, and let --resume continue later
         if len(audios) == 1:
-            logger.warning("transcription failed: %s: %s", type(error).__name__, one_line(str(error)))
+            logger.warning("transcription failed: %s: %s", type(error).__name__, first_line(str(error)))
             logger.debug("traceback", exc_info=True)
-            return [one_line(f"transcription failed ({type(error).__name__}: {error})")]
-        logger.warning("a batch of %d failed (%s); transcribing its items one by one", len(audios), one_line(str(error)))
+            return [first_line(f"transcription failed ({type(error).__name__}: {error})")]
+        logger.warning("a batch of %d failed (%s); transcribing its items one by one", len(audios), first_line(str(error)))
         return [result for audio in audios for result in _transcribe(bundle, [audio], options, assistant)]

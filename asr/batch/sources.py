@@ -16,6 +16,8 @@ from typing import Iterator
 
 import numpy as np
 
+from asr.errors import first_line
+
 AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif", ".m4a", ".mp4", ".webm",
                             ".wma", ".aac", ".oga"})
 AUDIO_KEYS = ("audio", "audio_filepath", "path", "file", "filename")
@@ -161,7 +163,7 @@ def _dataset_items(name: str, audio_column: str, text_column: str, split: str | 
         else:
             data = datasets.load_dataset(name, split=split, streaming=True)
     except Exception as error:  # datasets raises many kinds; the user needs one line
-        raise ValueError(f"{name}: cannot open dataset ({str(error).splitlines()[0]})") from None
+        raise ValueError(f"{name}: cannot open dataset ({first_line(error)})") from None
     if isinstance(data, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         chosen = split or ("test" if "test" in data else next(iter(data)))
         if chosen not in data:

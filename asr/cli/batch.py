@@ -8,7 +8,14 @@ from pathlib import Path
 
 import click
 
-from asr.cli.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_offload, setup_runtime
+from asr.cli.runtime import (
+    DEVICES,
+    DTYPE_HELP,
+    DTYPES,
+    offload_options,
+    parse_offload,
+    setup_runtime,
+)
 from asr.constants import TASKS
 
 
@@ -54,8 +61,8 @@ def batch_command(source, output, model, assistant, language, task, without_time
     """
     from asr.assist.choose import load_pair
     from asr.batch.run import BatchOptions, prepare_output, run_batch
-    from asr.options import TranscribeOptions
     from asr.batch.shards import detect_processes, finish, start_together
+    from asr.options import TranscribeOptions
 
     output_path = Path(output)
     offloading = parse_offload(offload, offload_folder, max_memory)
@@ -86,7 +93,7 @@ def _setup(device: str, dtype: str, threads: int | None, processes):
     import torch
 
     if threads is None and processes.local_count > 1:
-        # Processes on one machine share its cores; oversubscribed OpenMP threads slow everyone (design.md §5).
+        # Processes on one machine share its cores; oversubscribed OpenMP threads slow everyone.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         threads = max(1, cores // processes.local_count)
     device, torch_dtype = setup_runtime(device, dtype, threads)

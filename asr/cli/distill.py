@@ -1,4 +1,4 @@
-"""`asr distill`: parse, call `asr.assist.distill.distill`, report. Importing this module imports only click."""
+"""`asr distill`: parse, call `asr.distill.distill`, report. Importing this module imports only click."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import click
 
 from asr.cli.runtime import DEVICES
+from asr.errors import first_line
 
 
 @click.command("distill")
@@ -41,8 +42,8 @@ def distill_command(model, output, audio_source, tts, text, tts_minutes, languag
                     max_minutes, windows_per_step, learning_rate, held_out, top_k, seed, work_dir, device,
                     threads, quiet) -> None:
     """Train a small draft that agrees with MODEL, to assist it (`--assistant OUTPUT`)."""
-    from asr.assist.distill.pipeline import DistillOptions, TrainOptions, distill
     from asr.cli.runtime import setup_runtime
+    from asr.distill.pipeline import DistillOptions, TrainOptions, distill
 
     device, _ = setup_runtime(device, "float32", threads)
     try:
@@ -54,7 +55,7 @@ def distill_command(model, output, audio_source, tts, text, tts_minutes, languag
         )
         report = distill(model, output, options, work_dir=work_dir, device=device, show_progress=not quiet)
     except ValueError as error:
-        raise click.ClickException(str(error).splitlines()[0]) from None
+        raise click.ClickException(first_line(error)) from None
     summary = {key: report[key] for key in ("agreement_before", "agreement", "agreement_full_vocabulary",
                                             "vocabulary", "steps", "minutes",
                                             "train_windows", "held_out_windows") if key in report}

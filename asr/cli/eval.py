@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from asr.cli.runtime import DEVICES, DTYPES, DTYPE_HELP, offload_options, parse_offload
+from asr.cli.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_offload
 
 
 @click.command("eval")

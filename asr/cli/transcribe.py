@@ -6,7 +6,14 @@ import sys
 
 import click
 
-from asr.cli.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_offload, setup_runtime
+from asr.cli.runtime import (
+    DEVICES,
+    DTYPE_HELP,
+    DTYPES,
+    offload_options,
+    parse_offload,
+    setup_runtime,
+)
 from asr.constants import OUTPUT_FORMATS, TASKS
 from decoding.schedule import SCHEDULES
 

@@ -1,6 +1,6 @@
 """Read and write CTranslate2 ``model.bin`` files as plain data.
 
-The layout (design.md section 4) is little-endian::
+The layout is little-endian::
 
     u32 version, str spec, u32 revision, u32 n_variables,
     n_variables x (str name, u8 rank, rank x u32 dim, u8 dtype, u32 n_bytes, n_bytes raw),

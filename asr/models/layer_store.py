@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-
 #: How an offloaded layer is read back (see the module docstring).
 READERS = ("read", "mmap", "accelerate")
 

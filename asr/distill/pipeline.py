@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
-from asr.assist.distill.train import TrainOptions
+from asr.distill.train import TrainOptions
 
 __all__ = ["DistillOptions", "TrainOptions", "distill"]
 
@@ -87,9 +87,9 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
         ValueError: the output exists, the model cannot be loaded, no synthesiser for `tts`, a source with no
             usable audio, or a work folder made by a different recipe.
     """
-    from asr.assist.distill.data import built_in_text, read_text
-    from asr.assist.distill.student import DraftDecoder, save_draft
-    from asr.assist.distill.tts import available_voices
+    from asr.assist.draft import DraftDecoder, save_draft
+    from asr.distill.data import built_in_text, read_text
+    from asr.distill.tts import available_voices
     from asr.models.registry import load_model
 
     output = Path(output).expanduser()
@@ -112,8 +112,8 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
                          "speech in it")
 
     # 3. Train the draft's own layers.
-    from asr.assist.distill.data import load_window
-    from asr.assist.distill.train import train_draft
+    from asr.distill.data import load_window
+    from asr.distill.train import train_draft
 
     draft = DraftDecoder(bundle.model, layers)
     held_windows = [load_window(p) for p in held]
@@ -134,8 +134,8 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
 
     # 4. A restricted vocabulary, chosen from the training labels; agreement measured again with it.
     if options.vocabulary is not None:
-        from asr.assist.distill.student import choose_vocabulary
-        from asr.assist.distill.train import agreement
+        from asr.assist.draft import choose_vocabulary
+        from asr.distill.train import agreement
 
         ids = choose_vocabulary(_label_counts(train), options.vocabulary, special.eot, bundle.model.config.vocab_size)
         draft.restrict_vocabulary(ids.to(next(draft.parameters()).device))
@@ -203,9 +203,9 @@ def _claim_work(work: Path, model: str, options: DistillOptions) -> None:
 def _label(bundle: Any, work: Path, options: DistillOptions, sentences: list[str] | None,
            show_progress: bool) -> dict[str, Any]:
     """Synthesises (when asked) and decodes all audio into cached windows; returns counts per kind."""
-    from asr.assist.distill.data import synthesize_recordings
-    from asr.options import TranscribeOptions
     from asr.batch.sources import iter_items, load_item_audio
+    from asr.distill.data import synthesize_recordings
+    from asr.options import TranscribeOptions
     from audio import load_audio
 
     # Greedy only: a draft is trained to agree with greedy decoding, and sampled fallbacks would be dropped.
@@ -238,7 +238,7 @@ def _label(bundle: Any, work: Path, options: DistillOptions, sentences: list[str
 
 def _decode_all(bundle: Any, work: Path, items: Iterator, options: Any, label: dict, what: str,
                 show_progress: bool) -> dict[str, int]:
-    from asr.assist.distill.data import label_items
+    from asr.distill.data import label_items
 
     bar = _bar(None, what, "s", show_progress)
     try:
@@ -251,7 +251,7 @@ def _decode_all(bundle: Any, work: Path, items: Iterator, options: Any, label: d
 
 def _split(work: Path) -> tuple[list[Path], list[Path]]:
     """Cached windows for training and held-out ones, by recording (the last one is held out if none is)."""
-    from asr.assist.distill.data import labelled_items
+    from asr.distill.data import labelled_items
 
     rows = [row for row in labelled_items(work / "labelled.jsonl").values() if row["windows"] > 0]
     held_rows = [row for row in rows if row["held_out"]]

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from asr.assist.distill.data import Window, load_window
-from asr.assist.distill.student import DraftDecoder
+from asr.assist.draft import DraftDecoder
+from asr.distill.data import Window, load_window
 
 logger = logging.getLogger(__name__)
 

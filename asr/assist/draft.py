@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
+from asr.errors import first_line
 from asr.models.int8 import Int8Linear, dequantize_linears
 
 FORMAT = "assisted-whisper-draft"
@@ -198,7 +199,7 @@ def load_draft(folder: str | Path, model: torch.nn.Module) -> DraftDecoder:
     try:
         tensors = load_file(str(folder / WEIGHTS_FILE))
     except Exception as error:  # safetensors raises its own error types for damaged files
-        raise ValueError(f"{folder / WEIGHTS_FILE}: cannot read draft weights ({str(error).splitlines()[0]})") from None
+        raise ValueError(f"{folder / WEIGHTS_FILE}: cannot read draft weights ({first_line(error)})") from None
     for name, expected in model_probe(model).items():
         found = tensors.pop(name, None)
         # Loose enough for a model loaded in half precision, far too tight for another model's weights.

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from asr.decoder import WhisperDecoderAdapter
-from asr.assist.distill.tts import Voice, available_voices, degrade, synthesize
+from asr.distill.tts import Voice, available_voices, degrade, synthesize
 from asr.options import TranscribeOptions
 from asr.transcribe import DecodedWindow, transcribe_many
 from audio import SAMPLE_RATE
@@ -57,7 +57,7 @@ def load_window(path: Path) -> Window:
 
 def built_in_text() -> list[str]:
     """The built-in corpus: sentences of the Python documentation (see scripts/make_draft_corpus.py)."""
-    text = resources.files("asr.assist.distill").joinpath("corpus.txt").read_text(encoding="utf-8")
+    text = resources.files("asr.distill").joinpath("corpus.txt").read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 

@@ -1,0 +1,2 @@
+"""Training a draft for a Whisper model (`asr distill`): audio in (`data`, `tts`), training (`train`), the whole
+run (`pipeline`). The draft's format and loading are `asr.assist.draft`."""

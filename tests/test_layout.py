@@ -1,0 +1,75 @@
+"""The tree keeps its shape: small files, and imports only from the same or a lower layer."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("asr", "audio", "decoding", "eval")
+MAX_LINES = 400
+
+# Lower numbers are lower layers; a module may import from its own layer and below. The longest prefix wins.
+LAYERS = {
+    "audio": 0, "decoding": 0, "asr.constants": 0, "asr.errors": 0,
+    "asr.models": 1,
+    "asr": 2,  # the long-form core: transcribe, window, decoder, language, options, results, writers, ...
+    "asr.assist": 3,
+    "asr.batch": 4,
+    "asr.distill": 5, "eval": 5,
+    "asr.cli": 6,
+    "asr.__init__": 7, "asr.__main__": 7,  # the public facade and `python -m asr`
+}
+
+
+def _layer(module: str) -> int | None:
+    matches = [prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")]
+    return LAYERS[max(matches, key=len)] if matches else None
+
+
+def _modules() -> list[tuple[str, Path]]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found.append((name, path))
+    return found
+
+
+def _imports(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return names
+
+
+def test_layers_are_known() -> None:
+    assert _layer("asr.models.registry") == 1 and _layer("asr.transcribe") == 2 and _layer("asr.cli.batch") == 6
+    assert _layer("asr.__init__") == 7 and _layer("asr.constants") == 0 and _layer("numpy") is None
+
+
+@pytest.mark.parametrize("name,path", _modules(), ids=lambda value: str(value) if isinstance(value, str) else "")
+def test_imports_go_down_only(name: str, path: Path) -> None:
+    own = _layer(name)
+    upward = [imported for imported in _imports(path) if (_layer(imported) or 0) > own]
+    assert not upward, f"{name} (layer {own}) imports a higher layer: {upward}"
+
+
+def test_only_the_command_line_imports_click_or_eval() -> None:
+    offenders = [name for name, path in _modules()
+                 if name.startswith("asr.") and not name.startswith("asr.cli")
+                 and any(i == "click" or i.startswith("click.") or i == "eval" or i.startswith("eval.")
+                         for i in _imports(path))]
+    assert offenders == []
+
+
+def test_no_file_is_over_400_lines() -> None:
+    files = [path for _, path in _modules()] + sorted((ROOT / "tests").glob("*.py")) + sorted(
+        (ROOT / "scripts").glob("*.py"))
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}
