@@ -173,9 +173,7 @@ def machine() -> dict:
 
 def machine_line(found: dict) -> str:
     """One line of a `machine()` dict: 'AMD EPYC, 2 threads, torch 2.13.0+cpu, ..., 2026-11-30 18:07 UTC'."""
-    parts = [found.get("cpu", "unknown CPU")]
-    if found.get("gpu"):
-        parts.append(found["gpu"])
+    parts = [found[key] for key in ("device", "cpu", "gpu") if found.get(key)]
     if found.get("threads") is not None:
         parts.append(f"{found['threads']} threads")
     for key, name in (("torch", "torch"), ("transformers", "transformers"), ("faster_whisper", "faster-whisper")):
