@@ -233,3 +233,10 @@ def rewrite_markdown(out: Path | str, table_of: Callable[[dict], str]) -> Path:
     md = Path(f"{_stem(out)}.md")
     md.write_text(markdown_page(data["command"], data["machine"], table_of(data)))
     return md
+
+
+if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    print(f"EVALDATA {EVALDATA}\nfigures  {FIGURES}\nmachine  {machine_line(machine())}")

@@ -15,7 +15,8 @@ import re
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchlib import REPO
+
 OPEN = re.compile(r"<!-- figure: (\S+) -->")
 CLOSE = "<!-- /figure -->"
 
