@@ -31,6 +31,7 @@ from benchlib import (
     SAMPLE_RATE,
     command_line,
     figure_path,
+    figure_stem,
     rewrite_markdown,
     sonnets,
     write_figures,
@@ -210,7 +211,7 @@ def main() -> None:
     passes = pass_costs(args.readers.split(","), args.pass_repeats)
     for name, by_width in passes.items():
         print(f"{name:28s} " + "  ".join(f"{w}:{ms:.1f}" for w, ms in by_width.items()), flush=True)
-    out = Path(args.out).with_suffix("") if Path(args.out).suffix in (".json", ".md") else Path(args.out)
+    out = figure_stem(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs = end_to_end(configs, args.repeats, args.threads, Path(f"{out}.runs.jsonl"))
     result = {

@@ -10,8 +10,9 @@ a warm-up of each on the first 30 s; the table gives medians over repeats, WER w
 and the speed-up against sequential greedy on the same recording. Silero VAD's own cost is measured apart for
 its three backends on the same audio.
 
-Writes docs/figures/vad.json and docs/figures/vad.md (`--out` to change; `--render` rewrites OUT.md from
-OUT.json), after each recording, so a run killed midway keeps what it finished.
+Writes docs/figures/vad.json, docs/figures/vad.md (all three tables) and docs/figures/vad-summary.md (the
+summary alone, for the README) (`--out` to change; `--render` rewrites the .md files from OUT.json), after
+each recording, so a run killed midway keeps what it finished.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from benchlib import (
@@ -28,8 +30,11 @@ from benchlib import (
     VOXPOPULI,
     command_line,
     figure_path,
+    figure_stem,
     load,
     longform_rows,
+    markdown_page,
+    read_figures,
     rewrite_markdown,
     write_figures,
 )
@@ -124,6 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.render:
         rewrite_markdown(args.out, render)
+        write_summary(args.out)
         return
 
     import torch
@@ -198,6 +204,7 @@ def write(args, runs: list[dict], vad_rows: list[dict], names: list[str], audios
             "runs": [{k: v for k, v in r.items() if k != "text"} for r in runs], "vad": vad_rows}
     table = render(data)
     write_figures(args.out, data, table, command_line())
+    write_summary(args.out)
     print(table, file=sys.stderr)
 
 
@@ -213,19 +220,31 @@ def render(data: dict) -> str:
                      f"{r['rtf']:.4f} | {r['speedup']:.2f}x | {100 * r['wer']:.2f} % | {r['segments']} | "
                      f"{r['median_segment_s']:.1f} / {r['max_segment_s']:.1f} | {r['tokens']} | "
                      f"{'-' if r['windows'] is None else r['windows']} |")
-    recordings = list(dict.fromkeys(r["recording"] for r in rows))
-    lines += ["", "Summary: speed-up against sequential greedy on the same recording (WER in brackets).", "",
-              "| configuration | " + " | ".join(recordings) + " |",
-              "| --- |" + " ---: |" * len(recordings)]
-    for name in dict.fromkeys(r["config"] for r in rows):
-        cells = [next(f"{r['speedup']:.2f}x ({100 * r['wer']:.1f} %)" for r in rows
-                      if r["config"] == name and r["recording"] == recording) for recording in recordings]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Silero VAD alone (the batched mode's rules), seconds and RTF:", "",
+    lines += ["", summary_table(data).rstrip("\n"), "", "Silero VAD alone (the batched mode's rules), seconds and RTF:", "",
               "| recording | backend | s | RTF | regions |", "| --- | --- | ---: | ---: | ---: |"]
     for r in data["vad"]:
         lines.append(f"| {r['recording']} | {r['backend']} | {r['seconds']:.3f} | {r['rtf']:.4f} | {r['regions']} |")
     return "\n".join(lines) + "\n"
+
+
+def summary_table(data: dict) -> str:
+    """The short summary that the README quotes (also written apart, as OUT-summary.md)."""
+    rows = data["summary"]
+    recordings = list(dict.fromkeys(r["recording"] for r in rows))
+    lines = ["Summary: speed-up against sequential greedy on the same recording (WER in brackets).", "",
+             "| configuration | " + " | ".join(recordings) + " |",
+             "| --- |" + " ---: |" * len(recordings)]
+    for name in dict.fromkeys(r["config"] for r in rows):
+        cells = [next(f"{r['speedup']:.2f}x ({100 * r['wer']:.1f} %)" for r in rows
+                      if r["config"] == name and r["recording"] == recording) for recording in recordings]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(out: str) -> None:
+    """OUT-summary.md: the summary table alone under the run's command and machine (from OUT.json)."""
+    data = read_figures(out)
+    Path(f"{figure_stem(out)}-summary.md").write_text(markdown_page(data["command"], data["machine"], summary_table(data)))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ EVALDATA = Path(os.environ.get("ASSISTED_WHISPER_EVALDATA") or REPO.parent / "sh
 SONNETS = ("p001.mp3", "p002.mp3", "p003.mp3")
 VOXPOPULI = "voxpopuli-en-000.ogg"
 
-__all__ = ["EVALDATA", "FIGURES", "REPO", "SAMPLE_RATE", "command_line", "figure_path", "load", "longform_rows",
+__all__ = ["EVALDATA", "FIGURES", "REPO", "SAMPLE_RATE", "command_line", "figure_path", "figure_stem", "load", "longform_rows",
            "machine", "machine_line", "markdown_page", "read_figures", "rewrite_markdown", "sonnets", "sonnets_reference",
            "timed", "wer_items", "write_figures"]
 
@@ -195,7 +195,8 @@ def figure_path(name: str) -> Path:
     return FIGURES / name
 
 
-def _stem(out: Path | str) -> Path:
+def figure_stem(out: Path | str) -> Path:
+    """OUT without a .json or .md ending: the figure files are OUT.json and OUT.md."""
     out = Path(out)
     return out.with_suffix("") if out.suffix in (".json", ".md") else out
 
@@ -210,7 +211,7 @@ def write_figures(out: Path | str, data: dict, table: str, command: str, found: 
 
     `found` is the machine to record (default `machine()` now); OUT may end in .json or .md or neither.
     """
-    stem = _stem(out)
+    stem = figure_stem(out)
     found = found or machine()
     clash = {"command", "machine"} & set(data)
     if clash:
@@ -224,13 +225,13 @@ def write_figures(out: Path | str, data: dict, table: str, command: str, found: 
 
 def read_figures(out: Path | str) -> dict:
     """OUT.json as `write_figures` wrote it."""
-    return json.loads(Path(f"{_stem(out)}.json").read_text())
+    return json.loads(Path(f"{figure_stem(out)}.json").read_text())
 
 
 def rewrite_markdown(out: Path | str, table_of: Callable[[dict], str]) -> Path:
     """Rewrite OUT.md from OUT.json (an earlier run's command and machine, `table_of(data)` as the table)."""
     data = read_figures(out)
-    md = Path(f"{_stem(out)}.md")
+    md = Path(f"{figure_stem(out)}.md")
     md.write_text(markdown_page(data["command"], data["machine"], table_of(data)))
     return md
 
