@@ -79,8 +79,8 @@ def _rounds(model: torch.nn.Module, draft_model: torch.nn.Module, encoder_output
 def shapes_table(results: dict) -> str:
     """Milliseconds per decoder pass by dtype, batch and decoder; the encoder; whole rounds when measured."""
     lines = [f"{results['device']}, family {results['family']}, random weights; medians, milliseconds.", "",
-             "| dtype | batch | encoder, whole batch | decoder | " + " | ".join(f"{w} token{'s' * (w > 1)}" for w in WIDTHS)
-             + " |", "| --- | ---: | ---: | --- |" + " ---: |" * len(WIDTHS)]
+             "| dtype | batch | encoder, whole batch | decoder | "
+             + " | ".join(f"{w} token{'s' * (w > 1)}" for w in WIDTHS) + " |", "| --- | ---: | ---: | --- |" + " ---: |" * len(WIDTHS)]
     rounds = []
     for dtype_name, entry in results["dtypes"].items():
         batches = [int(k[len("encoder_b"):-2]) for k in entry if k.startswith("encoder_b")]
@@ -91,8 +91,9 @@ def shapes_table(results: dict) -> str:
                 lines.append(f"| {dtype_name} | {batch} | {1000 * entry[f'encoder_b{batch}_s']:.1f} | {name} | "
                              + " | ".join(cells) + " |")
         if "plain_128_tokens_s" in entry:
-            rounds.append(f"| {dtype_name} | {entry['plain_128_tokens_s']:.3f} | {entry['distil_random_128_tokens_s']:.3f} "
-                          f"| {entry['identical_assistant_128_tokens_s']:.3f} |")
+            rounds.append(f"| {dtype_name} | {entry['plain_128_tokens_s']:.3f} | "
+                          f"{entry['distil_random_128_tokens_s']:.3f} | "
+                          f"{entry['identical_assistant_128_tokens_s']:.3f} |")
     if rounds:
         lines += ["", "128 tokens at batch 1, seconds (k = 5, constant):", "",
                   "| dtype | plain greedy | random-weight student assisting | identical assistant (all accepted) |",
@@ -219,7 +220,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.mode == "shapes":
         name = "gpu-shapes" if args.family == "large-v3" else f"gpu-shapes-{args.family}"
-        shapes(args.out or str(figure_path(name)), args.device, args.dtypes.split(","), [int(b) for b in args.batches.split(",")],
+        shapes(args.out or str(figure_path(name)), args.device, args.dtypes.split(","),
+               [int(b) for b in args.batches.split(",")],
                not args.no_rounds, args.family)
     else:
         real(args.model, args.audio, args.out or "reports/gpu-real.json", args.device, args.limit)

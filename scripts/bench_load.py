@@ -57,7 +57,8 @@ def main() -> None:
     print(f"first load       {first:.2f} s (conversion into {into} cache)")
     print(f"cached load      {cached_line}")
     table = "\n".join([f"Model `{args.model}` ({source}).", "", "| step | time |", "| --- | --- |",
-                       f"| imports | {imports:.2f} s |", f"| first load | {first:.2f} s (conversion into {into} cache) |",
+                       f"| imports | {imports:.2f} s |",
+                       f"| first load | {first:.2f} s (conversion into {into} cache) |",
                        f"| cached load | {cached_line} |"])
     data = {"model": args.model, "source": str(source), "imports_s": imports, "first_load_s": first,
             "given_cache": bool(args.cache), "cached_loads_s": cached}

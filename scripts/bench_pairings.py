@@ -55,7 +55,8 @@ def main() -> None:
         median = float(np.median(times[spec]))
         lines.append(f"| {spec} | {median:.2f} | {median / (len(audio) / SAMPLE_RATE):.3f} | {base / median:.2f}x |")
     print("\n" + "\n".join(lines))
-    table = f"The sonnets ({len(audio) / SAMPLE_RATE:.0f} s), medians of {args.repeats} interleaved runs.\n\n" + "\n".join(lines)
+    caption = f"The sonnets ({len(audio) / SAMPLE_RATE:.0f} s), medians of {args.repeats} interleaved runs."
+    table = caption + "\n\n" + "\n".join(lines)
     write_figures(args.out, {"repeats": args.repeats, "audio_seconds": len(audio) / SAMPLE_RATE, "seconds": times},
                   table, command_line())
 

@@ -108,7 +108,8 @@ def main() -> None:
             data["passes"][f"{name} {width}"] = {"ms": ms, **{f"{part}_ms": value for part, value in split.items()}}
             rows.append((f"{name} decoder pass of {width} token(s)", f"{ms:.1f} ms ({parts} ms)"))
 
-    table = "\n".join(["| measurement | figure |", "| --- | --- |", *(f"| {what} | {figure} |" for what, figure in rows)])
+    table = "\n".join(["| measurement | figure |", "| --- | --- |",
+                       *(f"| {what} | {figure} |" for what, figure in rows)])
     write_figures(args.out, data, table, command_line())
 
 

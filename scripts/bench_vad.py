@@ -244,7 +244,8 @@ def summary_table(data: dict) -> str:
 def write_summary(out: str) -> None:
     """OUT-summary.md: the summary table alone under the run's command and machine (from OUT.json)."""
     data = read_figures(out)
-    Path(f"{figure_stem(out)}-summary.md").write_text(markdown_page(data["command"], data["machine"], summary_table(data)))
+    page = markdown_page(data["command"], data["machine"], summary_table(data))
+    Path(f"{figure_stem(out)}-summary.md").write_text(page)
 
 
 if __name__ == "__main__":

@@ -35,9 +35,9 @@ EVALDATA = Path(os.environ.get("ASSISTED_WHISPER_EVALDATA") or REPO.parent / "sh
 SONNETS = ("p001.mp3", "p002.mp3", "p003.mp3")
 VOXPOPULI = "voxpopuli-en-000.ogg"
 
-__all__ = ["EVALDATA", "FIGURES", "REPO", "SAMPLE_RATE", "command_line", "figure_path", "figure_stem", "load", "longform_rows",
-           "machine", "machine_line", "markdown_page", "read_figures", "rewrite_markdown", "sonnets", "sonnets_reference",
-           "timed", "wer_items", "write_figures"]
+__all__ = ["EVALDATA", "FIGURES", "REPO", "SAMPLE_RATE", "SONNETS", "VOXPOPULI", "command_line", "figure_path",
+           "figure_stem", "load", "longform_rows", "machine", "machine_line", "markdown_page", "read_figures",
+           "rewrite_markdown", "sonnets", "sonnets_reference", "timed", "wer_items", "write_figures"]
 
 
 # --- timing -------------------------------------------------------------------------------------------------
