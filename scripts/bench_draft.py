@@ -10,8 +10,8 @@
 3. Step costs in place (medians): the model's pass over 1 and 6 tokens, each draft's step in fp32 and int8,
    and the output head's share of it.
 
-Writes docs/figures/draft.json and docs/figures/draft.md (`--out` to change) and prints the tables. Speed end to end, side by side with
-faster-whisper, comes from `asr eval` (docs/drafts.md names the command).
+Writes docs/figures/draft.json and docs/figures/draft.md (`--out` to change) and prints the tables. Speed end
+to end, side by side with faster-whisper, comes from `asr eval` (docs/drafts.md names the command).
 """
 
 from __future__ import annotations
