@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from audio.vad import VadOptions
@@ -55,8 +56,12 @@ class TranscribeOptions:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
-        if not self.temperatures or any(t < 0 for t in self.temperatures):
-            raise ValueError(f"temperatures must be a non-empty list of values >= 0, got {self.temperatures}")
+        if not self.temperatures or not all(math.isfinite(t) and t >= 0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be a non-empty list of numbers >= 0, got {self.temperatures}")
+        for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold", "silence_threshold_db"):
+            value = getattr(self, name)
+            if value is not None and math.isnan(value):
+                raise ValueError(f"{name} must be a number, got nan")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.word_timestamps and not self.timestamps:

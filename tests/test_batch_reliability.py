@@ -178,3 +178,4 @@ def test_failed_items_give_a_non_zero_exit_and_retry_errors_redoes_them(tiny_whi
     assert sorted(row["id"] for row in rows) == ["broken.wav", "good.wav"]
     assert all(row["error"] is None for row in rows)
     assert _batch(str(clips), "-o", str(output), "--retry-errors", *model).exit_code == 1  # needs --resume
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips", "out.jsonl"]  # no lock file left behind

@@ -52,7 +52,8 @@ class OutputLock:
     """An exclusive lock on `OUTPUT.lock`, held for a whole run: from the check of what exists (and the
     deletions of `--overwrite`) through the last row and the merge. A second run on the same output, plain,
     resuming or overwriting, fails at once instead of writing the same items again or deleting rows under the
-    first. The kernel releases it even on `kill -9`; the small `.lock` file stays beside the output.
+    first. The kernel releases it even on `kill -9` (the small `.lock` file then stays; the next run takes it
+    over); a run that ends removes it.
 
     Locks held by this process are counted, so nested holders (the command, then `run_batch`) share one.
 
@@ -72,18 +73,30 @@ class OutputLock:
         if held is not None:
             held[1] += 1
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-            if fcntl is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    raise ValueError(f"{self.path.with_suffix('')}: another run is using this output; wait for it "
-                                     "or stop it") from None
-            OutputLock._held[key] = [fd, 1]
+            OutputLock._held[key] = [self._lock(), 1]
         self._acquired = True
         return self
+
+    def _lock(self) -> int:
+        """Opens and locks the lock file. The file is removed on release, so a lock taken on a file another
+        run has just removed would lock nothing: then the path is opened again."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            if fcntl is None:
+                return fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise ValueError(f"{self.path.with_suffix('')}: another run is using this output; wait for it "
+                                 "or stop it") from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
 
     def release(self) -> None:
         if not self._acquired:
@@ -94,6 +107,7 @@ class OutputLock:
         held[1] -= 1
         if held[1] == 0:
             del OutputLock._held[key]
+            self.path.unlink(missing_ok=True)  # while still locked: see `_lock`
             os.close(held[0])
 
     def __enter__(self) -> OutputLock:
