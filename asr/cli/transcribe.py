@@ -99,7 +99,7 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
     failures = 0
     for path in files:
         try:
-            audios = audio_inputs(path, split_stereo, click.get_binary_stream("stdin").read)
+            audios = audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read())
             transcripts = [(audio, transcribe_file(bundle, audio.source, options, helper, show_progress=not quiet,
                                                    name=audio.name)) for audio in audios]
         except ValueError as error:  # AudioError and option errors: one line, then the next file
