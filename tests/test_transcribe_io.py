@@ -157,3 +157,47 @@ def test_layout_without_word_timestamps_is_a_one_line_error(calls: Path, option:
     result = CliRunner().invoke(main, ["transcribe", str(calls / "left.wav"), "-f", "srt", *option])
     assert result.exit_code == 1
     assert result.output == f"Error: {option[0]} lays out cues by word times: add --word-timestamps\n"
+
+
+_FAKE_FFMPEG = '''#!{python}
+"""Stands in for ffmpeg: decodes b"FAKE" + channel count + interleaved float32, writes what load_audio asks."""
+import struct, sys
+import numpy as np
+args = sys.argv[1:]
+source = args[args.index("-i") + 1]
+data = sys.stdin.buffer.read() if source == "pipe:0" else open(source, "rb").read()
+if not data.startswith(b"FAKE"):
+    sys.stderr.write("first line\\npipe:0: Invalid data found when processing input\\n")
+    sys.exit(1)
+samples = np.frombuffer(data[5:], "<f4").reshape(-1, data[4])
+if args[args.index("-f") + 1] == "f32le":
+    sys.stdout.buffer.write(samples.mean(axis=1).astype("<f4").tobytes())
+    sys.exit(0)
+fmt = struct.pack("<HHIIHH", 3, data[4], 16000, 64000 * data[4], 4 * data[4], 32)
+# As ffmpeg writes to a pipe: sizes it cannot fill in, and a metadata chunk of odd size (padded) first.
+sys.stdout.buffer.write(b"RIFF\\xff\\xff\\xff\\xffWAVEfmt " + struct.pack("<I", len(fmt)) + fmt
+                        + b"LIST\\x05\\x00\\x00\\x00abcde\\x00data\\xff\\xff\\xff\\xff" + samples.tobytes())
+'''
+
+
+def test_ffmpeg_decodes_piped_bytes_and_gives_one_channel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    fake = tmp_path / "bin" / "ffmpeg"
+    fake.parent.mkdir()
+    fake.write_text(_FAKE_FFMPEG.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{__import__('os').environ['PATH']}")
+    rng = np.random.default_rng(1)
+    stereo = rng.uniform(-0.5, 0.5, (16000, 2)).astype(np.float32)
+    data = b"FAKE\x02" + stereo.tobytes()
+    np.testing.assert_array_equal(load_audio_bytes(data, channel=1), stereo[:, 1])
+    np.testing.assert_array_equal(load_audio_bytes(data, channel=0), stereo[:, 0])
+    np.testing.assert_allclose(load_audio_bytes(data), stereo.mean(axis=1), atol=1e-7)
+    (tmp_path / "call.m4a").write_bytes(data)
+    np.testing.assert_array_equal(load_audio(tmp_path / "call.m4a", channel=1), stereo[:, 1])
+    with pytest.raises(ChannelError, match=r"^<stdin>: mono audio has no channel 1$"):
+        load_audio_bytes(b"FAKE\x01" + stereo[:, 0].tobytes(), channel=1)
+    with pytest.raises(AudioError, match=r"^<stdin>: not a readable audio file \(ffmpeg: pipe:0: Invalid data found "
+                                         r"when processing input\)$"):
+        load_audio_bytes(b"not audio" * 20)
