@@ -6,9 +6,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import TextIO
 
 from asr.results import Segment, Transcript, Word
 
@@ -121,7 +122,7 @@ def _segment_words(segment: Segment) -> list[Word]:
 
 
 def _underline(word: str) -> str:
-    return re.sub(r"^(\s*)(.*)$", r"\1<u>\2</u>", word, flags=re.S)
+    return re.sub(r"^(\s*)(.*)$", r"\1<u>\2</u>", word, flags=re.DOTALL)
 
 
 def _cue_text(text: str) -> str:

@@ -7,7 +7,13 @@ import io
 import pytest
 
 from asr.results import Segment, Transcript, TranscriptionStats, Word
-from asr.writers import SubtitleOptions, subtitle_cues, write_outputs, write_srt, write_vtt
+from asr.writers import (
+    SubtitleOptions,
+    subtitle_cues,
+    write_outputs,
+    write_srt,
+    write_vtt,
+)
 
 
 def _segment(index: int, words: list[tuple[str, float, float]]) -> Segment:

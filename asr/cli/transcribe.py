@@ -65,7 +65,8 @@ PROGRESS_MIN_SECONDS = 60.0
 def transcribe(files, model, assistant, language, task, output_format, output_dir, without_timestamps,
                word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, schedule,
                num_assistant_tokens, device, dtype, offload, offload_folder, max_memory, threads, quiet, batch_size,
-               vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s, subtitle_layout, split_stereo) -> None:
+               vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s,
+               subtitle_layout, split_stereo) -> None:
     """Transcribe (or translate) audio FILES of any length.
 
     A FILE of - reads the audio (any format a file may have) from standard input; -o DIR then writes
