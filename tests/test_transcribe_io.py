@@ -201,3 +201,8 @@ def test_ffmpeg_decodes_piped_bytes_and_gives_one_channel(tmp_path: Path, monkey
     with pytest.raises(AudioError, match=r"^<stdin>: not a readable audio file \(ffmpeg: pipe:0: Invalid data found "
                                          r"when processing input\)$"):
         load_audio_bytes(b"not audio" * 20)
+
+
+def test_standard_input_given_twice_is_refused(calls: Path) -> None:
+    result = CliRunner().invoke(main, ["transcribe", "-", str(calls / "left.wav"), "-"], input=b"")
+    assert result.exit_code == 1 and result.output == "Error: standard input (-) can be read once: give - once\n"

@@ -92,6 +92,8 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
         )
         formats = output_formats(output_format)
         subtitles = parse_subtitles(subtitle_layout, word_timestamps)
+        if files.count("-") > 1:
+            raise ValueError("standard input (-) can be read once: give - once")
         if output_dir is None and len(formats) > 1:
             raise ValueError("-f all writes one file per format: give an output folder with -o DIR")
         bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
