@@ -66,7 +66,7 @@ class WindowAssistant(Protocol):
 
 def transcribe(
     bundle,
-    audio: str | np.ndarray,
+    audio: str | bytes | np.ndarray,
     options: TranscribeOptions = TranscribeOptions(),
     assistant: WindowAssistant | None = None,
     progress: Callable[[float, float], None] | None = None,
@@ -78,7 +78,8 @@ def transcribe(
 
     Args:
         bundle: a loaded model (`asr.models.registry.load_model`).
-        audio: a path, or samples at 16 kHz.
+        audio: a path, a file's bytes, or mono samples at 16 kHz. For one channel of a stereo recording (each
+            side of a call), pass `audio.load_audio(path, channel=0)` (left) or `channel=1` (right).
         options: what to produce and how.
         assistant: drafts tokens for the model to check; None for plain decoding. The words are the model's either way.
         progress: called with (seconds done, seconds in all) after each window.

@@ -14,6 +14,7 @@ from asr.cli.runtime import (
     parse_offload,
     setup_runtime,
 )
+from asr.cli.transcribe_io import subtitle_options
 from asr.constants import OUTPUT_FORMATS, TASKS
 from decoding.schedule import SCHEDULES
 
@@ -60,14 +61,21 @@ PROGRESS_MIN_SECONDS = 60.0
 @click.option("--vad-speech-pad-ms", type=int, default=None, help="Padding on both sides of speech [default: 400].")
 @click.option("--vad-max-speech-s", type=float, default=None,
               help="Cut longer speech at its longest pause [default: none; 30 with --batch-size].")
+@subtitle_options
 def transcribe(files, model, assistant, language, task, output_format, output_dir, without_timestamps,
                word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, schedule,
                num_assistant_tokens, device, dtype, offload, offload_folder, max_memory, threads, quiet, batch_size,
-               vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s) -> None:
-    """Transcribe (or translate) audio FILES of any length."""
+               vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s,
+               subtitle_layout, split_stereo) -> None:
+    """Transcribe (or translate) audio FILES of any length.
+
+    A FILE of - reads the audio (any format a file may have) from standard input; -o DIR then writes
+    DIR/stdin.<format>.
+    """
     from asr.assist.choose import load_pair
+    from asr.cli.transcribe_io import audio_inputs, parse_subtitles
     from asr.options import TranscribeOptions
-    from asr.writers import WRITERS, output_formats, write_outputs
+    from asr.writers import output_formats, write_format, write_outputs
 
     device, torch_dtype = setup_runtime(device, dtype, threads)
     offloading = parse_offload(offload, offload_folder, max_memory)
@@ -83,6 +91,9 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
             num_assistant_tokens=num_assistant_tokens, vad=vad_options, batch_size=batch_size,
         )
         formats = output_formats(output_format)
+        subtitles = parse_subtitles(subtitle_layout, word_timestamps)
+        if files.count("-") > 1:
+            raise ValueError("standard input (-) can be read once: give - once")
         if output_dir is None and len(formats) > 1:
             raise ValueError("-f all writes one file per format: give an output folder with -o DIR")
         bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
@@ -91,24 +102,30 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
     failures = 0
     for path in files:
         try:
-            transcript = transcribe_file(bundle, path, options, helper, show_progress=not quiet)
+            audios = audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read())
+            transcripts = [(audio, transcribe_file(bundle, audio.source, options, helper, show_progress=not quiet,
+                                                   name=audio.name)) for audio in audios]
         except ValueError as error:  # AudioError and option errors: one line, then the next file
             click.echo(f"error: {error}", err=True)
             failures += 1
             continue
-        if output_dir is not None:
-            write_outputs(transcript, path, output_dir, formats)
-        elif output_format == "txt":
-            click.echo(transcript.text.strip())
-        else:  # srt, vtt, tsv or json on stdout, as the file would hold it
-            WRITERS[output_format](transcript, sys.stdout)
+        for audio, transcript in transcripts:
+            if output_dir is not None:
+                write_outputs(transcript, audio.path, output_dir, formats, subtitles, audio.suffix)
+                continue
+            if split_stereo:
+                click.echo(f"==> {audio.stem} <==")
+            if output_format == "txt":
+                click.echo(transcript.text.strip())
+            else:  # srt, vtt, tsv or json on stdout, as the file would hold it
+                write_format(output_format, transcript, sys.stdout, subtitles)
     if failures:
         click.echo(f"{failures} of {len(files)} file(s) failed", err=True)
         sys.exit(1)
 
 
-def transcribe_file(bundle, path: str, options, assistant=None, show_progress: bool = True):
-    """Transcribes one file, with a progress bar on stderr for long audio."""
+def transcribe_file(bundle, path, options, assistant=None, show_progress: bool = True, name: str | None = None):
+    """Transcribes one file (or samples, then called `name`), with a progress bar on stderr for long audio."""
     from asr.transcribe import transcribe
 
     bar = None
@@ -118,7 +135,7 @@ def transcribe_file(bundle, path: str, options, assistant=None, show_progress: b
         if bar is None and total >= PROGRESS_MIN_SECONDS:
             from tqdm import tqdm
 
-            bar = tqdm(total=round(total, 1), unit="s", desc=str(path), file=sys.stderr, leave=False)
+            bar = tqdm(total=round(total, 1), unit="s", desc=str(name or path), file=sys.stderr, leave=False)
         if bar is not None:
             bar.update(round(done, 1) - bar.n)
 
