@@ -34,6 +34,11 @@ class AudioError(ValueError):
 # Frames that soundfile reads at a time: a long stereo file is mixed (or one channel taken) block by block, so
 # the whole multi-channel signal is never in memory at once.
 _BLOCK_FRAMES = 1 << 20
+# Sample rates a recording may have (telephone 8 kHz and below, studio 384 kHz and above are rare but real).
+MIN_SAMPLE_RATE = 1000
+MAX_SAMPLE_RATE = 768000
+# Peaks up to this are a loud recording's decoder overshoot, clipped to [-1, 1]; beyond it the data is damaged.
+MAX_OVERSHOOT = 2.0
 
 
 class ChannelError(AudioError):
@@ -127,29 +132,59 @@ def _decode(source, name: str, data: bytes | None, sample_rate: int, channel: in
         audio = _checked(_decode_with_ffmpeg(name, data, sample_rate, reason, channel), name)
     else:
         with sound:
-            file_rate = sound.samplerate
+            _check_rate(name, sound.samplerate)
             _check_channel(name, channel, sound.channels)
-            audio = _checked(_read_mono(sound, name, channel), name)
-        if file_rate != sample_rate:
-            logger.debug("%s: resampling %d Hz -> %d Hz", name, file_rate, sample_rate)
-            import librosa
-
-            audio = librosa.resample(audio, orig_sr=file_rate, target_sr=sample_rate, res_type="soxr_hq")
-    return np.ascontiguousarray(audio, dtype=np.float32)
+            audio = _checked(_read_mono(sound, name, channel, sample_rate), name)
+    return _in_range(np.ascontiguousarray(audio, dtype=np.float32), name)
 
 
-def _read_mono(sound, name: str, channel: int | None) -> np.ndarray:
-    """The channels averaged (or the one asked for), read block by block."""
+def _read_mono(sound, name: str, channel: int | None, sample_rate: int) -> np.ndarray:
+    """The channels averaged (or the one asked for), read and resampled (soxr, high quality) block by block:
+    memory holds the result at `sample_rate` and one block, never the file's own rate or channels whole.
+    (Streamed soxr gives the samples of one call over the whole signal.)"""
+    import soundfile as sf
+    import soxr
+
+    resampler = None
+    if sound.samplerate != sample_rate:
+        logger.debug("%s: resampling %d Hz -> %d Hz", name, sound.samplerate, sample_rate)
+        resampler = soxr.ResampleStream(sound.samplerate, sample_rate, 1, dtype="float32", quality="HQ")
     parts = []
-    for block in sound.blocks(blocksize=_BLOCK_FRAMES, dtype="float32", always_2d=True):
-        # Check before mixing and resampling: those would smear a NaN across its neighbours.
-        if not np.isfinite(block).all():
-            raise AudioError(f"{name}: contains NaN or infinite samples")
-        if channel is not None:
-            parts.append(block[:, channel].copy())
-        else:
-            parts.append(block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0].copy())
+    try:
+        for block in sound.blocks(blocksize=_BLOCK_FRAMES, dtype="float32", always_2d=True):
+            # Check before mixing and resampling: those would smear a NaN across its neighbours.
+            if not np.isfinite(block).all():
+                raise AudioError(f"{name}: contains NaN or infinite samples")
+            if channel is not None:
+                mono = block[:, channel].copy()
+            else:
+                mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0].copy()
+            parts.append(resampler.resample_chunk(mono) if resampler is not None else mono)
+    except (sf.SoundFileError, RuntimeError) as error:  # a file cut short or damaged after its header
+        reason = _one_line(getattr(error, "error_string", error)).rstrip(".")
+        raise AudioError(f"{name}: damaged audio data ({reason})") from None
+    if resampler is not None:
+        parts.append(resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+
+def _check_rate(name: str, rate: int) -> None:
+    """Refuses sample rates no recording has: a header that claims 1 Hz would resample to hours of audio."""
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise AudioError(f"{name}: sample rate {rate} Hz is outside {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz; "
+                         "the file's header is damaged or wrong")
+
+
+def _in_range(samples: np.ndarray, name: str) -> np.ndarray:
+    """Samples in [-1, 1]. Decoders of lossy formats overshoot a little on loud recordings: such peaks (up to
+    `MAX_OVERSHOOT`) are clipped. Far beyond that the data is damaged (a bit-flipped MP3 frame decodes to
+    values of hundreds), and Whisper would hear only noise: refused."""
+    peak = float(np.abs(samples).max()) if samples.size else 0.0
+    if peak > MAX_OVERSHOOT:
+        raise AudioError(f"{name}: damaged audio data (samples reach {peak:.3g}, far outside [-1, 1])")
+    if peak > 1.0:
+        np.clip(samples, -1.0, 1.0, out=samples)
+    return samples
 
 
 def _check_channel(name: str, channel: int | None, channels: int) -> None:
