@@ -202,18 +202,48 @@ def output_formats(name: str) -> tuple[str, ...]:
 
 
 def write_outputs(transcript: Transcript, audio_path: str, output_dir: str | os.PathLike, formats: tuple[str, ...],
-                  subtitles: SubtitleOptions | None = None, suffix: str = "") -> list[Path]:
+                  subtitles: SubtitleOptions | None = None, suffix: str = "", stem: str | None = None) -> list[Path]:
     """Writes `DIR/<audio stem><suffix>.<format>` for each format, each through a temporary file so none is
-    half-written; `subtitles` lays out the srt and vtt cues, `suffix` (".left") tells channels apart."""
+    half-written; `subtitles` lays out the srt and vtt cues, `suffix` (".left") tells channels apart, `stem`
+    replaces the audio's stem (`output_stems` makes them unique for several files)."""
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    stem = Path(audio_path).stem + suffix
+    stem = (stem if stem is not None else Path(audio_path).stem) + suffix
     written = []
     for fmt in formats:
         path = folder / f"{stem}.{fmt}"
         partial = path.with_name(path.name + ".partial")
-        with open(partial, "w", encoding="utf-8") as file:
-            write_format(fmt, transcript, file, subtitles)
-        os.replace(partial, path)
+        try:
+            with open(partial, "w", encoding="utf-8") as file:
+                write_format(fmt, transcript, file, subtitles)
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         written.append(path)
     return written
+
+
+def output_stems(paths: list[str]) -> list[str]:
+    """A distinct output name for each input path, in order: its stem (`talk`), unless another input has the same stem;
+    then its file name (`talk.wav`, `talk.mp3`), unless that is shared too (`d1/x.wav`, `d2/x.wav`); then its
+    path below the folders they share, joined by `_` (`d1_x.wav`); a counter as the last resort."""
+    stems = [Path(p).stem for p in paths]
+    names = [Path(p).name for p in paths]
+    chosen: list[str] = []
+    taken: set[str] = set()
+    for path, stem, name in zip(paths, stems, names):
+        if stems.count(stem) == 1:
+            candidate = stem
+        elif names.count(name) == 1:
+            candidate = name
+        else:  # the folders below the ones all the same-named inputs share
+            same = [os.path.abspath(other) for other, other_name in zip(paths, names) if other_name == name]
+            relative = Path(os.path.relpath(os.path.abspath(path), os.path.commonpath(same)))
+            candidate = "_".join(part for part in relative.parts if part not in ("..", ".")) or name
+        unique, number = candidate, 2
+        while unique in taken:
+            unique, number = f"{candidate}-{number}", number + 1
+        taken.add(unique)
+        chosen.append(unique)
+    return chosen

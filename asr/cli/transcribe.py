@@ -14,7 +14,7 @@ from asr.cli.runtime import (
     parse_offload,
     setup_runtime,
 )
-from asr.cli.transcribe_io import subtitle_options
+from asr.cli.transcribe_io import STDIN_NAME, check_writable, subtitle_options
 from asr.constants import OUTPUT_FORMATS, TASKS
 from decoding.schedule import SCHEDULES
 
@@ -75,7 +75,7 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
     from asr.assist.choose import load_pair
     from asr.cli.transcribe_io import audio_inputs, parse_subtitles
     from asr.options import TranscribeOptions
-    from asr.writers import output_formats, write_format, write_outputs
+    from asr.writers import output_formats, output_stems, write_format, write_outputs
 
     device, torch_dtype = setup_runtime(device, dtype, threads)
     offloading = parse_offload(offload, offload_folder, max_memory)
@@ -96,11 +96,14 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
             raise ValueError("standard input (-) can be read once: give - once")
         if output_dir is None and len(formats) > 1:
             raise ValueError("-f all writes one file per format: give an output folder with -o DIR")
+        if output_dir is not None:
+            check_writable(output_dir)
         bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     failures = 0
-    for path in files:
+    stems = output_stems([STDIN_NAME if path == "-" else path for path in files])
+    for path, stem in zip(files, stems):
         try:
             audios = audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read())
             transcripts = [(audio, transcribe_file(bundle, audio.source, options, helper, show_progress=not quiet,
@@ -111,7 +114,13 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
             continue
         for audio, transcript in transcripts:
             if output_dir is not None:
-                write_outputs(transcript, audio.path, output_dir, formats, subtitles, audio.suffix)
+                try:
+                    write_outputs(transcript, audio.path, output_dir, formats, subtitles, audio.suffix,
+                                  stem=stem)
+                except OSError as error:  # a full disk, a folder made read-only meanwhile: say so, go on
+                    click.echo(f"error: {audio.name}: cannot write its results to {output_dir} ({error.strerror or error})",
+                               err=True)
+                    failures += 1
                 continue
             if split_stereo:
                 click.echo(f"==> {audio.stem} <==")

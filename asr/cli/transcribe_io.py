@@ -118,3 +118,20 @@ def audio_inputs(path: str, split_stereo: bool, stdin: Callable[[], bytes]) -> l
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def check_writable(folder: str) -> None:
+    """Makes the output folder and writes a file in it, before any work: a folder that cannot be written fails
+    the run at once, not after the first file's transcription.
+
+    Raises:
+        ValueError: the folder cannot be made or written (one line).
+    """
+    import tempfile
+
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{folder}: cannot write the results there ({error.strerror or error})") from None
