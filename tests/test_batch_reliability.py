@@ -179,3 +179,36 @@ def test_failed_items_give_a_non_zero_exit_and_retry_errors_redoes_them(tiny_whi
     assert all(row["error"] is None for row in rows)
     assert _batch(str(clips), "-o", str(output), "--retry-errors", *model).exit_code == 1  # needs --resume
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clips", "out.jsonl"]  # no lock file left behind
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_points_then_resume_gives_every_id_once(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+    """Ten runs killed at random moments (loading, mid-row, merging), each resumed; then a last resume."""
+    import os
+    import random
+    import signal
+    import time
+
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    for n in range(12):
+        _tone(clips / f"clip{n:02d}.wav", seconds=0.5 + n / 10)
+    output = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "asr", "batch", str(clips), "-o", str(output), "-q", "--model",
+               str(tiny_whisper_folder), "--device", "cpu", "--threads", "1", "--batch-size", "2"]
+    rng = random.Random(7)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    repo = Path(__file__).resolve().parents[1]
+    for trial in range(10):
+        process = subprocess.Popen(command + (["--resume"] if output.exists() else []), cwd=repo, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.5, 6.0))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    final = subprocess.run(command + (["--resume"] if output.exists() else []), cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr[-2000:]
+    data = output.read_text()
+    assert data.endswith("\n")
+    ids = [json.loads(line)["id"] for line in data.splitlines()]
+    assert sorted(ids) == sorted(p.name for p in clips.iterdir())  # every id, each exactly once

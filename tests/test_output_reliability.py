@@ -71,3 +71,10 @@ def test_a_full_disk_is_reported_per_file_and_the_run_goes_on(tiny_whisper_folde
     result = _run(tiny_whisper_folder, *map(str, clips), "-o", str(out))
     assert result.exit_code == 1 and "No space left on device" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["second.txt"]  # no half-written file either
+
+
+def test_a_temperature_of_nan_is_a_one_line_error(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+    clip = _tone(tmp_path / "a.wav", 220)
+    result = CliRunner().invoke(main, ["transcribe", str(clip), "--model", str(tiny_whisper_folder),
+                                       "--temperature", "0,nan"])
+    assert result.exit_code == 1 and "temperatures" in result.output and "Traceback" not in result.output
