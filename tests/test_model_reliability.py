@@ -96,3 +96,11 @@ def test_a_conversion_records_content_hashes(tiny_ct2_folder: Path) -> None:  # 
     assert marker["sha256"].keys() == marker["files"].keys()
     assert marker["sha256"]["model.safetensors"] == cache._sha256(_entry() / "model.safetensors")
     shutil.rmtree(_entry())
+
+
+def test_a_missing_relative_model_path_is_not_sent_to_the_hub(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ValueError, match="no such model folder"):
+        load_model("models/whisper-small")

@@ -278,7 +278,9 @@ def load_model(name: str, *, device: str = "cpu", dtype: Precision = torch.float
         return _load_ct2(package, name, device, dtype, offload)
     if name in HUB_ALIASES:
         return _load_hub(HUB_ALIASES[name], name, device, dtype, offload)
-    if path.exists() or name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+    # A relative path whose first folder exists here is a local path, however Hub-like it looks.
+    if path.exists() or name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 \
+            or Path(name.split("/")[0]).is_dir():
         raise ModelNotFoundError(f"{name}: {'not a folder' if path.exists() else 'no such model folder'}")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         return _load_hub(name, name, device, dtype, offload)
