@@ -107,11 +107,12 @@ class RaggedBatch:
             self.holes = False
 
     def select(self, rows: Sequence[int]) -> None:
-        """Keeps only the given rows, in that order (finished sequences leave the batch)."""
+        """Keeps only the given rows, in that order (finished sequences leave the batch); a row given twice is
+        copied (beam search)."""
         if list(rows) == list(range(self.batch_size)):
             return
         index = torch.tensor(list(rows), dtype=torch.long, device=self.adapter.device)
         self.adapter.select(self.cache, index)
         self.valid = self.valid[index]
-        self.slots = [self.slots[r] for r in rows]
+        self.slots = [list(self.slots[r]) for r in rows]
         self._trim()
