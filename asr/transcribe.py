@@ -88,7 +88,8 @@ def transcribe(
 
     Raises:
         audio.AudioError: the audio cannot be read.
-        ValueError: options the model cannot honour (an unknown language, translation with an English-only model).
+        ValueError: options the model cannot honour (an unknown language, translation with an English-only model),
+            or an assistant with beam search (`options.beam_size` > 1 decodes with the model alone).
     """
     return transcribe_many(bundle, [audio], options, assistant, batch_size=1, progress=progress)[0]
 

@@ -16,6 +16,7 @@ from asr.decoder import WhisperDecoderAdapter
 from asr.logit_rules import whisper_filters
 from asr.window import FallbackRules, WindowSettings, decode_windows
 from decoding.beam import BeamOptions, beam_search_batch, rank
+from decoding.drafts import AssistantDraft
 from decoding.engine import GenerationOptions, generate_batch
 from decoding.filters import LogitsFilter, SamplingOptions, apply_filters
 from tests.test_ct2 import tiny_whisper
@@ -136,10 +137,12 @@ def test_beam_search_matches_the_reference(seed: int, beam_size: int, patience: 
 def test_the_cases_cover_finished_and_unfinished_candidates_and_patience() -> None:
     """The parametrised cases above are not all of one kind: some sequences end, some reach the limit, and
     patience changes the result."""
-    finished, unfinished, changed = 0, 0, 0
+    finished, unfinished, changed, not_greedy = 0, 0, 0, 0
     options = GenerationOptions(max_new_tokens=LIMIT, eos_token_ids=(EOS,))
     for seed in range(4):
         model, encoder_output, prompt = case(seed)
+        greedy, = generate_batch(WhisperDecoderAdapter(model, encoder_output), [prompt], options, None,
+                                 [[Rules(len(prompt))]])
         found = {}
         for patience in (None, 2.0):
             result, = beam_search_batch(WhisperDecoderAdapter(model, encoder_output), [prompt], options,
@@ -147,8 +150,9 @@ def test_the_cases_cover_finished_and_unfinished_candidates_and_patience() -> No
             finished += sum(c.finished for c in result.candidates)
             unfinished += sum(not c.finished for c in result.candidates)
             found[patience] = [c.tokens for c in result.candidates]
+            not_greedy += result.best().tokens != [t for t in greedy.tokens if t != EOS]
         changed += found[None] != found[2.0]
-    assert finished and unfinished and changed
+    assert finished and unfinished and changed and not_greedy
 
 
 def test_a_batch_of_prompts_gives_each_its_own_search() -> None:
@@ -174,7 +178,8 @@ def test_beam_size_one_is_greedy(seed: int) -> None:
     options = GenerationOptions(max_new_tokens=LIMIT, eos_token_ids=(EOS,))
     beam, = beam_search_batch(WhisperDecoderAdapter(model, encoder_output), [prompt], options, BeamOptions(1),
                               [[Rules(len(prompt))]])
-    greedy, = generate_batch(WhisperDecoderAdapter(model, encoder_output), [prompt], options, None, [[Rules(len(prompt))]])
+    greedy, = generate_batch(WhisperDecoderAdapter(model, encoder_output), [prompt], options, None,
+                             [[Rules(len(prompt))]])
     best = beam.best()
     assert best.tokens + [EOS] * best.finished == greedy.tokens
     assert best.sum_logprob == pytest.approx(sum(greedy.logprobs), rel=1e-5)
@@ -187,7 +192,8 @@ def test_rank_is_openai_whispers_ranker() -> None:
     assert rank([2, 2], [-1.0, -1.0]) == 0  # the first of equals
 
 
-@pytest.mark.parametrize("values", [dict(beam_size=0), dict(beam_size=2, patience=0.0), dict(beam_size=2, patience=0.2)])
+@pytest.mark.parametrize("values", [{"beam_size": 0}, {"beam_size": 2, "patience": 0.0},
+                                    {"beam_size": 2, "patience": 0.2}])
 def test_bad_beam_options_are_refused(values: dict) -> None:
     with pytest.raises(ValueError):
         BeamOptions(**values)
@@ -238,3 +244,97 @@ def test_a_beam_searched_window_is_the_references_best(tiny_bundle, seed: int, b
     assert result.no_speech_prob == pytest.approx(greedy[0].no_speech_prob)
     assert stats.model_forward_passes > 0
 
+
+
+def sampled_windows(bundle, seed: int, best_of: int, assisted: bool):
+    """decode_windows at temperature 1 with best_of samples, and the same samples made directly."""
+    encoder_output, prompt, filters, sot_from_end = window_case(bundle, 0)
+    settings = window_settings(bundle, (1.0,), best_of=best_of)
+
+    def make_draft(rows: list[int]) -> AssistantDraft:
+        # The model drafting for itself: speculative sampling keeps the model's distribution whatever drafts.
+        return AssistantDraft(WhisperDecoderAdapter(bundle.model, encoder_output).rows(rows),
+                              row_filters=[filters for _ in rows])
+
+    draft = make_draft if assisted else None
+    (result, stats), = decode_windows(WhisperDecoderAdapter(bundle.model, encoder_output), [prompt], [filters],
+                                      settings, make_draft=draft, sot_from_end=sot_from_end, seed=seed)
+    options = GenerationOptions(max_new_tokens=8, eos_token_ids=(bundle.special.eot,), max_length=448,
+                                sampling=SamplingOptions(temperature=1.0), seed=seed, prompt_logits_at=sot_from_end)
+    samples = generate_batch(WhisperDecoderAdapter(bundle.model, encoder_output).rows([0] * best_of),
+                             [prompt] * best_of, options, make_draft([0] * best_of) if assisted else None,
+                             [filters] * best_of)
+    return result, stats, samples
+
+
+@pytest.mark.parametrize("assisted", [False, True])
+def test_best_of_keeps_the_most_likely_sample(tiny_bundle, assisted: bool) -> None:
+    chosen = set()
+    for seed in range(4):
+        result, stats, samples = sampled_windows(tiny_bundle, seed, 3, assisted)
+        texts = [[t for t in s.tokens if t != tiny_bundle.special.eot] for s in samples]
+        assert len({tuple(t) for t in texts}) == 3  # independent samples
+        scores = [sum(s.logprobs) / len(t) for s, t in zip(samples, texts)]
+        best = scores.index(max(scores))
+        chosen.add(best)
+        assert result.tokens == texts[best]
+        assert result.avg_logprob == pytest.approx(sum(samples[best].logprobs) / (len(texts[best]) + 1))
+        assert result.temperature == 1.0
+        assert stats.generated_tokens == sum(len(s.tokens) for s in samples)
+        assert (stats.drafted_tokens > 0) == assisted
+    assert chosen != {0}  # not simply the first sample
+
+
+def test_best_of_one_is_one_sample(tiny_bundle) -> None:
+    result, _, samples = sampled_windows(tiny_bundle, 3, 1, False)
+    assert result.tokens == [t for t in samples[0].tokens if t != tiny_bundle.special.eot]
+
+
+# The command line and the Python API.
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def one_line_error(result, *words: str) -> None:
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and all(word in errors[0] for word in words), result.output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--beam-size", "0"], ["beam size", ">= 1"]),
+    (["--beam-size", "5", "--patience", "-1"], ["patience", "> 0"]),
+    (["--patience", "2"], ["patience", "beam size"]),
+    (["--beam-size", "5", "--length-penalty", "2"], ["length penalty"]),
+    (["--best-of", "0"], ["best of", ">= 1"]),
+    (["--beam-size", "5", "--assistant", "self:int8"], ["--beam-size 5", "alone", "self:int8"]),
+    (["--beam-size", "2", "--assistant", "tiny.en"], ["alone", "tiny.en"]),
+])
+def test_bad_search_options_are_one_line_errors(tmp_path: Path, args: list[str], words: list[str]) -> None:
+    # Refused before any model is loaded (the model named does not exist).
+    missing = str(tmp_path / "no-model")
+    one_line_error(run_cli("transcribe", "clip.wav", "--model", missing, *args), *words)
+    one_line_error(run_cli("batch", str(tmp_path), "-o", str(tmp_path / "out.jsonl"), "--model", missing, *args),
+                   *words)
+
+
+def test_beam_search_with_assistant_auto_decodes_alone(tmp_path: Path) -> None:
+    from asr.cli.search import search_settings
+
+    fields, assistant = search_settings("auto", 5, None, None, 5)
+    assert assistant == "none" and fields == {"beam_size": 5, "patience": None, "length_penalty": None,
+                                                "best_of": 5}
+    assert search_settings("self:int8", 1, None, None, 5)[1] == "self:int8"  # greedy at 0: assisted
+    assert search_settings("self:int8", None, None, None, 3)[1] == "self:int8"
+
+
+def test_the_api_refuses_an_assistant_with_beam_search(tiny_bundle) -> None:
+    from asr.options import TranscribeOptions
+    from asr.transcribe import transcribe
+
+    with pytest.raises(ValueError, match="alone"):
+        transcribe(tiny_bundle, np.zeros(16000, dtype=np.float32), TranscribeOptions(beam_size=2), assistant=object())
+    assert TranscribeOptions(beam_size=1, best_of=5).beam_search is False
+    assert TranscribeOptions().beam_size is None and TranscribeOptions().best_of is None  # greedy by default

@@ -37,7 +37,7 @@ def search_settings(assistant: str, beam_size: int | None, patience: float | Non
     Raises:
         ValueError: beam search with an assistant.
     """
-    fields = dict(beam_size=beam_size, patience=patience, length_penalty=length_penalty, best_of=best_of)
+    fields = {"beam_size": beam_size, "patience": patience, "length_penalty": length_penalty, "best_of": best_of}
     if beam_size is not None and beam_size > 1:
         spec = assistant.strip()
         if spec == "auto":
