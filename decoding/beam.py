@@ -156,9 +156,10 @@ def beam_search_batch(
             if not states[p].done:
                 sources += kept
                 next_rows += [(p, j) for j in range(len(kept))]
+        if next_rows:
+            # Beams reordered within their prompts: the adapter's per-prompt state stays where it is.
+            batch.select(sources, same_state=[p for p, _ in next_rows] == [p for p, _ in rows])
         rows = next_rows
-        if rows:
-            batch.select(sources)
 
     total = time.perf_counter() - start
     results = []
