@@ -338,3 +338,23 @@ def test_the_api_refuses_an_assistant_with_beam_search(tiny_bundle) -> None:
         transcribe(tiny_bundle, np.zeros(16000, dtype=np.float32), TranscribeOptions(beam_size=2), assistant=object())
     assert TranscribeOptions(beam_size=1, best_of=5).beam_search is False
     assert TranscribeOptions().beam_size is None and TranscribeOptions().best_of is None  # greedy by default
+
+
+def test_transcribe_beam_searches_with_assistant_auto_decoding_alone(tiny_whisper_folder: Path, tiny_bundle) -> None:
+    import json
+
+    from asr.options import TranscribeOptions
+    from asr.transcribe import transcribe
+    from tests.conftest import SAMPLES
+
+    clip = str(SAMPLES / "numbers.flac")
+    args = ["transcribe", clip, "--model", str(tiny_whisper_folder), "--language", "en", "-f", "json", "-q",
+            "--temperature", "0", "--threads", "1", "--beam-size", "2", "--assistant", "auto"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.strip() == "warning: beam search decodes with the model alone; --assistant auto uses none"
+    tokens = [s["tokens"] for s in json.loads(result.stdout)["segments"]]
+    options = TranscribeOptions(language="en", temperatures=(0.0,), beam_size=2)
+    assert tokens == [s.tokens for s in transcribe(tiny_bundle, clip, options).segments]
+    greedy = transcribe(tiny_bundle, clip, TranscribeOptions(language="en", temperatures=(0.0,)))
+    assert tokens != [s.tokens for s in greedy.segments]
