@@ -7,7 +7,8 @@
                                             (default N, as openai-whisper's command line pairs them) above
     transformers                            transformers' own `generate()`, no assistant
     transformers-assisted:NAME[,k=..]       transformers' `generate(assistant_model=...)`: the baseline to beat
-    faster-whisper[,compute_type=..][,batched=N]  CTranslate2, when installed: the outside speed anchor
+    faster-whisper[,compute_type=..][,batched=N][,beam=N]  CTranslate2, when installed: the outside speed anchor
+                                            (beam=N: its beam search with N beams; default 1, greedy)
 
 Options: `dtype=float32|bfloat16|float16|int8` (this library's kinds: the model in that precision, as
 `asr transcribe --dtype`; default: the run's `--dtype`), `kernels=aten` (this library's kinds: PyTorch's default
@@ -34,7 +35,7 @@ OPTIONS = {
     "beam": ("best_of", "patience", "temperature", "vad", "dtype", "kernels"),
     "transformers": (),
     "transformers-assisted": ("schedule", "k"),
-    "faster-whisper": ("compute_type", "batched"),
+    "faster-whisper": ("compute_type", "batched", "beam"),
 }
 # Options written as a bare word (on), not OPTION=VALUE.
 FLAGS = frozenset({"vad"})
@@ -68,7 +69,8 @@ class EvalConfig:
     dtype: str | None = None
     # PyTorch's default kernels (`decoding.kernels.reference_kernels`) instead of oneDNN's.
     reference_kernels: bool = False
-    # Beam search (beam kind): beams at temperature 0, samples per fallback temperature, patience.
+    # Beam search (beam kind; beam_size also faster-whisper's): beams at temperature 0, samples per fallback
+    # temperature, patience.
     beam_size: int | None = None
     best_of: int | None = None
     patience: float | None = None
@@ -118,6 +120,7 @@ def parse_config(text: str) -> EvalConfig:
         options[key] = value
     if kind == "faster-whisper":
         batch_size = _positive_int(options.get("batched"), "batched", name)
+        beam_size = _positive_int(options.get("beam"), "beam", name)
     from asr.constants import DTYPES
 
     if options.get("dtype", "float32") not in DTYPES[1:]:
@@ -137,7 +140,7 @@ def parse_config(text: str) -> EvalConfig:
         temperature=_temperature(options.get("temperature"), name),
         compute_type=options.get("compute_type"), dtype=options.get("dtype"),
         reference_kernels="kernels" in options, beam_size=beam_size,
-        best_of=_positive_int(options.get("best_of", str(beam_size)), "best_of", name) if beam_size else None,
+        best_of=_positive_int(options.get("best_of", str(beam_size)), "best_of", name) if kind == "beam" else None,
         patience=_patience(options.get("patience"), name),
     )
 
