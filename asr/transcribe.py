@@ -89,7 +89,8 @@ def transcribe(
 
     Raises:
         audio.AudioError: the audio cannot be read.
-        ValueError: options the model cannot honour (an unknown language, translation with an English-only model).
+        ValueError: options the model cannot honour (an unknown language, translation with an English-only model),
+            or an assistant with beam search (`options.beam_size` > 1 decodes with the model alone).
     """
     return transcribe_many(bundle, [audio], options, assistant, batch_size=1, progress=progress)[0]
 
@@ -265,11 +266,15 @@ class _WindowDecoder:
         self.options = options
         self.assistant = assistant
         self.observer = observer
+        if options.beam_search and assistant is not None:
+            raise ValueError("beam search decodes with the model alone: pass no assistant, or beam size 1")
         self.rules = FallbackRules(options.temperatures, options.compression_ratio_threshold,
                                    options.logprob_threshold, options.no_speech_threshold)
         schedule, num_assistant_tokens = options.drafting(getattr(assistant, "schedule", None))
         self.settings = WindowSettings(self.rules, bundle.special, self.decode_text, options.max_new_tokens,
-                                       schedule, num_assistant_tokens)
+                                       schedule, num_assistant_tokens, beam_size=options.beam_size or 1,
+                                       patience=options.patience, length_penalty=options.length_penalty,
+                                       best_of=options.best_of or 1)
 
     def decode_text(self, tokens: list[int]) -> str:
         return self.bundle.tokenizer.decode(tokens)

@@ -17,6 +17,7 @@ from asr.cli.runtime import (
     parse_offload,
     setup_runtime,
 )
+from asr.cli.search import search_options, search_settings
 from asr.constants import TASKS
 
 
@@ -32,6 +33,7 @@ from asr.constants import TASKS
 @click.option("--without-timestamps", is_flag=True, help="Decode without timestamp tokens (items up to 30 s only).")
 @click.option("--word-timestamps", is_flag=True, help="Add word-level times to the segments.")
 @click.option("--segments", is_flag=True, help="Keep each item's segments in its row.")
+@search_options
 @click.option("--batch-size", default=1, show_default=True, type=int, help="Items transcribed together.")
 @click.option("--chunked", is_flag=True,
               help="Cut items longer than 30 s into speech chunks (Silero VAD) that share the batch with other "
@@ -53,8 +55,9 @@ from asr.constants import TASKS
               help="Torch CPU threads per process (default: the cores shared among the processes on this machine).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def batch_command(source, output, model, assistant, language, task, without_timestamps, word_timestamps, segments,
-                  batch_size, chunked, workers, resume, retry_errors, overwrite, audio_column, text_column, split, device, dtype,
-                  offload, offload_folder, max_memory, threads, quiet) -> None:
+                  beam_size, patience, length_penalty, best_of, batch_size, chunked, workers, resume, retry_errors,
+                  overwrite, audio_column, text_column, split, device, dtype, offload, offload_folder, max_memory,
+                  threads, quiet) -> None:
     """Transcribe every item of SOURCE (a folder, a JSONL/CSV manifest, or a dataset) into one JSON row each.
 
     A failed item gets a row with `error` and the run goes on; the exit status is then 1, as it is for an
@@ -76,8 +79,10 @@ def batch_command(source, output, model, assistant, language, task, without_time
         batch = BatchOptions(audio_column=audio_column, text_column=text_column, split=split, batch_size=batch_size,
                              workers=workers, segments=segments, resume=resume, retry_errors=retry_errors,
                              overwrite=overwrite, progress=not quiet)
+        search, assistant = search_settings(assistant, beam_size, patience, length_penalty, best_of)
         options = TranscribeOptions(language=language, task=task, timestamps=not without_timestamps,
-                                    word_timestamps=word_timestamps, batch_size=batch_size if chunked else None)
+                                    word_timestamps=word_timestamps, batch_size=batch_size if chunked else None,
+                                    **search)
         lock = prepare_output(output_path, batch, processes)
     except ValueError as error:
         raise click.ClickException(str(error)) from None

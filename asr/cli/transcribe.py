@@ -14,6 +14,7 @@ from asr.cli.runtime import (
     parse_offload,
     setup_runtime,
 )
+from asr.cli.search import search_options, search_settings
 from asr.cli.transcribe_io import STDIN_NAME, check_writable, subtitle_options
 from asr.constants import OUTPUT_FORMATS, TASKS
 from decoding.schedule import SCHEDULES
@@ -40,6 +41,7 @@ PROGRESS_MIN_SECONDS = 60.0
 @click.option("--temperature", "temperatures", default="0,0.2,0.4,0.6,0.8,1.0", show_default=True,
               help="Temperatures tried in turn when a window fails the fallback checks.")
 @click.option("--no-condition-on-previous-text", is_flag=True, help="Decode each window without the previous text.")
+@search_options
 @click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
               help="How many tokens the assistant drafts per round [default: heuristic; constant 10 when auto "
                    "drafts for an offloaded model].")
@@ -63,8 +65,9 @@ PROGRESS_MIN_SECONDS = 60.0
               help="Cut longer speech at its longest pause [default: none; 30 with --batch-size].")
 @subtitle_options
 def transcribe(files, model, assistant, language, task, output_format, output_dir, without_timestamps,
-               word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, schedule,
-               num_assistant_tokens, device, dtype, offload, offload_folder, max_memory, threads, quiet, batch_size,
+               word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, beam_size, patience,
+               length_penalty, best_of, schedule, num_assistant_tokens, device, dtype, offload, offload_folder,
+               max_memory, threads, quiet, batch_size,
                vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s,
                subtitle_layout, split_stereo) -> None:
     """Transcribe (or translate) audio FILES of any length.
@@ -84,11 +87,12 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
                                    min_speech_duration_ms=vad_min_speech_ms,
                                    min_silence_duration_ms=vad_min_silence_ms, speech_pad_ms=vad_speech_pad_ms,
                                    max_speech_duration_s=vad_max_speech_s)
+        search, assistant = search_settings(assistant, beam_size, patience, length_penalty, best_of)
         options = TranscribeOptions(
             language=language, task=task, timestamps=not without_timestamps, word_timestamps=word_timestamps,
             initial_prompt=initial_prompt, temperatures=_floats(temperatures, "--temperature"),
             condition_on_previous_text=not no_condition_on_previous_text, schedule=schedule,
-            num_assistant_tokens=num_assistant_tokens, vad=vad_options, batch_size=batch_size,
+            num_assistant_tokens=num_assistant_tokens, vad=vad_options, batch_size=batch_size, **search,
         )
         formats = output_formats(output_format)
         subtitles = parse_subtitles(subtitle_layout, word_timestamps)
