@@ -12,6 +12,17 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 EVALDATA = REPO.parent / "shared" / "evaldata"
 SAMPLES = REPO / "samples"
+# Fixtures that load the real packaged models: a test that uses one is marked `slow` (pytest_collection_modifyitems).
+REAL_MODEL_FIXTURES = frozenset({"base", "tiny_en"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks `slow` every test that needs real weights through a fixture, so `-m "not slow"` needs none.
+
+    A test that loads real weights itself (`load_model("base")`) carries an explicit `@pytest.mark.slow`."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def evaldata(*parts: str) -> Path:
