@@ -108,7 +108,7 @@ def other_tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # A scripted Whisper's words, and the tokens it says for them: <|0.00|> hello world <|1.00|> end-of-text.
 SCRIPTED_TEXT = " hello world"
-TRANSCRIBE, EOT, TIMESTAMP_BEGIN = 50359, 50257, 50364
+TRANSCRIBE, EOT, NO_TIMESTAMPS, TIMESTAMP_BEGIN = 50359, 50257, 50363, 50364
 
 
 def scripted_whisper_in(folder: Path) -> Path:
@@ -127,6 +127,8 @@ def scripted_whisper_in(folder: Path) -> Path:
     words = PreTrainedTokenizerFast.from_pretrained(folder).encode(SCRIPTED_TEXT, add_special_tokens=False)
     chain = [TRANSCRIBE, TIMESTAMP_BEGIN, *words, TIMESTAMP_BEGIN + 50, EOT]
     assert len(set(chain)) == len(chain), "a token may appear once: it has one successor"
+    # Without timestamps the prompt ends in <|notimestamps|>: the words follow it directly.
+    edges = [*zip(chain, chain[1:]), (NO_TIMESTAMPS, words[0])]
     model = tiny_whisper(seed=0, tie_word_embeddings=False)
     decoder = model.model.decoder
     with torch.no_grad():
@@ -139,7 +141,7 @@ def scripted_whisper_in(folder: Path) -> Path:
         decoder.layer_norm.bias.zero_()
         decoder.embed_tokens.weight.zero_()
         model.proj_out.weight.zero_()
-        for i, (token, successor) in enumerate(zip(chain, chain[1:])):
+        for i, (token, successor) in enumerate(edges):
             decoder.embed_tokens.weight[token, i] = 10.0
             model.proj_out.weight[successor, i] = 5.0
     model.save_pretrained(folder)
