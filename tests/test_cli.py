@@ -266,6 +266,24 @@ def test_distill_help_names_its_options() -> None:
         assert option in result.stdout
 
 
+def test_distill_trains_a_draft_that_assists_the_model(scripted_folder: Path, audio_files: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    """Two steps on the bundled samples: the scripted model's layers add nothing, so its one-layer draft agrees."""
+    draft = tmp_path / "draft"
+    result = run("distill", str(scripted_folder), "-o", str(draft), "--audio", str(SAMPLES), "--steps", "2",
+                 "--layers", "1", "--held-out", "0.3", "--device", "cpu", "--threads", "1", "-q")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["draft"] == str(draft) and summary["steps"] == 2 and summary["agreement"] == 1.0
+    assert summary["train_windows"] + summary["held_out_windows"] == 3
+    assert json.loads((draft / "draft.json").read_text())["teacher_layers"] == [1]
+    assisted = run("transcribe", str(audio_files["long"]), "--model", str(scripted_folder), "--assistant", str(draft),
+                   "--language", "en", "-q", "-f", "json")
+    assert assisted.exit_code == 0, assisted.output
+    data = json.loads(assisted.stdout)
+    assert data["text"] == SCRIPTED_TEXT * 2 and data["stats"]["acceptance_rate"] == 1.0
+
+
 @pytest.mark.parametrize("args, message", [
     (["tiny"], "Missing option '--output'"),
     (["tiny", "-o", "x", "--layers", "0,last"], "expected layer numbers separated by commas, got '0,last'"),
