@@ -208,8 +208,11 @@ def test_plain_greedy_matches_transformers(arch: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_assisted_greedy_matches_greedy(arch: str, kind: str, schedule: str, k: int) -> None:
     options = GenerationOptions(max_new_tokens=NEW_TOKENS, schedule=schedule, num_assistant_tokens=k)
+    # Half the seeds per case, the even ones for k = 1 and 5 and the odd ones for k = 3: every arch, kind and
+    # schedule still meets every seed.
+    seeds = SEEDS[(k // 2) % 2::2]
     rates = []
-    for seed in SEEDS:
+    for seed in seeds:
         prompt, plain, hf = reference(arch, seed)
         result = generate(causal_lm_adapter(model(arch, seed)), prompt, options, draft=draft_for(kind, arch, seed))
         assert result.tokens == hf, f"{kind} {schedule} k={k} seed {seed}"
@@ -224,7 +227,7 @@ def test_assisted_greedy_matches_greedy(arch: str, kind: str, schedule: str, k: 
             assert result.stats.assistant_forward_passes == 0
         if distinct(hf) >= NEW_TOKENS // 2 and result.stats.drafted_tokens:
             rates.append(result.stats.acceptance_rate)
-    assert len(rates) >= len(SEEDS) // 4, "too few non-degenerate outputs to judge acceptance"
+    assert len(rates) >= len(seeds) // 4, "too few non-degenerate outputs to judge acceptance"
     mean = sum(rates) / len(rates)
     if kind == "unrelated":
         assert mean < 0.2, rates

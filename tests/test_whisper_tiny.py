@@ -58,7 +58,7 @@ def plain_for(model, plain: dict, seed: int):
 
 
 # Assistant -> how many seeds it is checked on (the cheap ones on more).
-ASSISTANTS = {"self:int8": 6, "self": 4, "self:bf16": 3, "other random tiny Whisper": 3}
+ASSISTANTS = {"self:int8": 5, "self": 3, "self:bf16": 2, "other random tiny Whisper": 2}
 
 
 @pytest.mark.parametrize("name", list(ASSISTANTS))
@@ -88,9 +88,9 @@ def test_assisted_decoding_gives_the_low_precision_models_own_tokens(tiny_whispe
     dtype = resolve_precision(precision, "cpu")
     model = load_model(str(tiny_whisper_folder), dtype=dtype)
     audio = load_audio(str(SAMPLES / "park.flac"))
-    options = dataclasses.replace(GREEDY, max_new_tokens=100)
+    options = dataclasses.replace(GREEDY, max_new_tokens=60)
     _, expected = decoded(model, audio, options)
-    assert len(expected[0].tokens) == 100
+    assert len(expected[0].tokens) == 60
     for assistant in ("self:int8", "self:bf16", str(other_tiny_folder)):
         helper = make_assistant(assistant, model, dtype=dtype)
         for k in (1, 4):
