@@ -22,6 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Greedy only: a random model fails every fallback check, and 40 tokens a window keep it quick.
 GREEDY = TranscribeOptions(language="en", temperatures=(0.0,), max_new_tokens=40)
+WITH_WORDS = dataclasses.replace(GREEDY, word_timestamps=True)
 
 
 def synthetic(seed: int) -> np.ndarray:
@@ -53,8 +54,12 @@ def decoded(bundle, audio: np.ndarray, options: TranscribeOptions, assistant=Non
 
 def plain_for(model, plain: dict, seed: int):
     if seed not in plain:
-        plain[seed] = decoded(model, synthetic(seed), GREEDY)
+        plain[seed] = decoded(model, synthetic(seed), WITH_WORDS)
     return plain[seed]
+
+
+def words_of(transcript) -> list[list[tuple[str, float, float]]]:
+    return [[(w.word, w.start, w.end) for w in s.words] for s in transcript.segments]
 
 
 # Assistant -> how many seeds it is checked on (the cheap ones on more).
@@ -67,13 +72,15 @@ def test_assisted_transcripts_are_the_plain_ones(model, plain: dict, other_tiny_
     assistant = make_assistant(spec, model)
     for seed in range(ASSISTANTS[name]):
         expected, expected_windows = plain_for(model, plain, seed)
-        options = dataclasses.replace(GREEDY, num_assistant_tokens=1 + seed % 4)
+        options = dataclasses.replace(WITH_WORDS, num_assistant_tokens=1 + seed % 4)
         result, windows = decoded(model, synthetic(seed), options, assistant)
         assert [w.tokens for w in windows] == [w.tokens for w in expected_windows], f"seed {seed}"
         assert [w.prompt for w in windows] == [w.prompt for w in expected_windows]
         assert [s.tokens for s in result.segments] == [s.tokens for s in expected.segments], f"seed {seed}"
         assert [(s.start, s.end) for s in result.segments] == [(s.start, s.end) for s in expected.segments]
         assert result.text == expected.text and result.stats.windows == expected.stats.windows
+        # Word times come from one pass of the model over the final tokens: the same with or without an assistant.
+        assert words_of(result) == words_of(expected) and any(words_of(expected))
         stats = result.stats.generation
         assert stats.drafted_tokens > 0 and stats.generated_tokens == expected.stats.generation.generated_tokens
         if name == "self":
