@@ -54,11 +54,8 @@ def _texts(rows: list[dict]) -> dict[str, str | None]:
     return {row["id"]: row["text"] for row in rows}
 
 
-def _cli() -> list[str]:
-    """`python -m asr batch` once the lead has wired the command into the group; the module alone until then."""
-    from asr.cli import main
-
-    return ["-m", "asr", "batch"]
+# The command in a process of its own (kill -9, accelerate launch): `python -m asr batch`.
+ASR_BATCH = ["-m", "asr", "batch"]
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +187,7 @@ def test_saved_dataset(base, reference: list[dict], tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_killed_run_resumes_to_every_item_exactly_once(base, clips: Path, reference: list[dict], tmp_path: Path) -> None:
     output = tmp_path / "results.jsonl"
-    process = subprocess.Popen([sys.executable, *_cli(), str(clips), "-o", str(output), "-q", "--workers", "1"],
+    process = subprocess.Popen([sys.executable, *ASR_BATCH, str(clips), "-o", str(output), "-q", "--workers", "1"],
                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and process.poll() is None:
@@ -328,7 +325,7 @@ def test_two_processes_under_accelerate_merge_into_one_file(base, clips: Path, r
     # (`--cpu --num_processes 2` starts one process unless an MPI hostfile is given.)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), *_cli(), str(clips), "-o", str(output), "-q",
+               "--main_process_port", str(_free_port()), *ASR_BATCH, str(clips), "-o", str(output), "-q",
                "--batch-size", "2"]
     result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
