@@ -98,7 +98,10 @@ class FullAssistant:
             text = self.model_tokenizer.decode([t for t in window.previous if t < self.model_eot])
             previous = self.bundle.tokenizer.encode(text, add_special_tokens=False)[-223:]
         language = window.language if window.language in special.languages else "en"
-        return special.prompt(previous, language, window.task, window.timestamps)[0]
+        # A forced start (<|0.00|> and a prefix) is re-tokenized too; `prompt` puts <|0.00|> back first.
+        text = [t for t in window.forced if t < self.model_eot]
+        prefix = self.bundle.tokenizer.encode(self.model_tokenizer.decode(text), add_special_tokens=False) if text else []
+        return special.prompt(previous, language, window.task, window.timestamps, prefix)[0]
 
 
 def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch.nn.Module, torch.dtype | None]:
