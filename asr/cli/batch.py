@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from asr.cli.decode_options import decoding_options, take_decoding
 from asr.cli.runtime import (
     DEVICES,
     DTYPE_HELP,
@@ -49,9 +50,10 @@ from asr.constants import TASKS
 @click.option("--threads", type=int, default=None,
               help="Torch CPU threads per process (default: the cores shared among the processes on this machine).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@decoding_options
 def batch_command(source, output, model, assistant, language, task, without_timestamps, word_timestamps, segments,
                   batch_size, chunked, workers, resume, overwrite, audio_column, text_column, split, device, dtype,
-                  offload, offload_folder, max_memory, threads, quiet) -> None:
+                  offload, offload_folder, max_memory, threads, quiet, **more) -> None:
     """Transcribe every item of SOURCE (a folder, a JSONL/CSV manifest, or a dataset) into one JSON row each.
 
     A failed item gets a row with `error` and the run goes on. Under
@@ -71,7 +73,8 @@ def batch_command(source, output, model, assistant, language, task, without_time
         batch = BatchOptions(audio_column=audio_column, text_column=text_column, split=split, batch_size=batch_size,
                              workers=workers, segments=segments, resume=resume, overwrite=overwrite, progress=not quiet)
         options = TranscribeOptions(language=language, task=task, timestamps=not without_timestamps,
-                                    word_timestamps=word_timestamps, batch_size=batch_size if chunked else None)
+                                    word_timestamps=word_timestamps, batch_size=batch_size if chunked else None,
+                                    **take_decoding(more))
         prepare_output(output_path, batch, processes)
     except ValueError as error:
         raise click.ClickException(str(error)) from None

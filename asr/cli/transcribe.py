@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from asr.cli.decode_options import decoding_options, take_decoding
 from asr.cli.runtime import (
     DEVICES,
     DTYPE_HELP,
@@ -17,8 +18,8 @@ from asr.cli.runtime import (
 from asr.constants import OUTPUT_FORMATS, TASKS
 from decoding.schedule import SCHEDULES
 
-# Files longer than this get a progress bar (one 30 s window is over quickly).
-PROGRESS_MIN_SECONDS = 60.0
+# Files longer than this (one window) get a progress bar.
+PROGRESS_MIN_SECONDS = 30.0
 
 
 @click.command("transcribe")
@@ -60,10 +61,19 @@ PROGRESS_MIN_SECONDS = 60.0
 @click.option("--vad-speech-pad-ms", type=int, default=None, help="Padding on both sides of speech [default: 400].")
 @click.option("--vad-max-speech-s", type=float, default=None,
               help="Cut longer speech at its longest pause [default: none; 30 with --batch-size].")
+@decoding_options
+@click.option("--clip-timestamps", default="", metavar="START,END,...",
+              help="Transcribe only these clips (seconds; an odd count runs to the end).")
+@click.option("--carry-initial-prompt", is_flag=True,
+              help="Put the initial prompt before every window's previous text, not only the first window's.")
+@click.option("--prefix", default=None, help="Text the first window's transcript starts with.")
+@click.option("--verbose", "-v", is_flag=True, help="Print each segment as it is decoded (no progress bar).")
+@click.option("--detect-language", is_flag=True, help="Only print each file's detected language and its probability.")
 def transcribe(files, model, assistant, language, task, output_format, output_dir, without_timestamps,
                word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, schedule,
                num_assistant_tokens, device, dtype, offload, offload_folder, max_memory, threads, quiet, batch_size,
-               vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s) -> None:
+               vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s,
+               **more) -> None:
     """Transcribe (or translate) audio FILES of any length."""
     from asr.assist.choose import load_pair
     from asr.options import TranscribeOptions
@@ -81,17 +91,25 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
             initial_prompt=initial_prompt, temperatures=_floats(temperatures, "--temperature"),
             condition_on_previous_text=not no_condition_on_previous_text, schedule=schedule,
             num_assistant_tokens=num_assistant_tokens, vad=vad_options, batch_size=batch_size,
+            **take_decoding(more), clip_timestamps=more["clip_timestamps"], prefix=more["prefix"],
+            carry_initial_prompt=more["carry_initial_prompt"],
         )
         formats = output_formats(output_format)
         if output_dir is None and len(formats) > 1:
             raise ValueError("-f all writes one file per format: give an output folder with -o DIR")
+        if more["detect_language"]:
+            assistant = "none"
         bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
+        _check_for_model(options, bundle, more["detect_language"])
     except ValueError as error:
         raise click.ClickException(str(error)) from None
+    if more["detect_language"]:
+        sys.exit(_detect_languages(bundle, files, options))
     failures = 0
     for path in files:
         try:
-            transcript = transcribe_file(bundle, path, options, helper, show_progress=not quiet)
+            transcript = transcribe_file(bundle, path, options, helper, show_progress=not quiet,
+                                         verbose=more["verbose"])
         except ValueError as error:  # AudioError and option errors: one line, then the next file
             click.echo(f"error: {error}", err=True)
             failures += 1
@@ -107,15 +125,17 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
         sys.exit(1)
 
 
-def transcribe_file(bundle, path: str, options, assistant=None, show_progress: bool = True):
-    """Transcribes one file, with a progress bar on stderr for long audio."""
-    from asr.transcribe import transcribe
+def transcribe_file(bundle, path: str, options, assistant=None, show_progress: bool = True, verbose: bool = False):
+    """Transcribes one file, with a progress bar on stderr for audio longer than a window, or with `verbose`
+    each segment on stdout as it is decoded (openai-whisper's `[00:00.000 --> 00:04.000]  text`)."""
+    from asr.live import transcribe_segments
+    from asr.writers import format_timestamp
 
     bar = None
 
     def progress(done: float, total: float) -> None:
         nonlocal bar
-        if bar is None and total >= PROGRESS_MIN_SECONDS:
+        if bar is None and total > PROGRESS_MIN_SECONDS:
             from tqdm import tqdm
 
             bar = tqdm(total=round(total, 1), unit="s", desc=str(path), file=sys.stderr, leave=False)
@@ -123,10 +143,47 @@ def transcribe_file(bundle, path: str, options, assistant=None, show_progress: b
             bar.update(round(done, 1) - bar.n)
 
     try:
-        return transcribe(bundle, path, options, assistant, progress if show_progress else None)
+        transcription = transcribe_segments(bundle, path, options, assistant,
+                                            progress if show_progress and not verbose else None)
+        for segment in transcription:
+            if verbose:
+                click.echo(f"[{format_timestamp(segment.start)} --> {format_timestamp(segment.end)}] {segment.text}")
+        return transcription.result()
     finally:
         if bar is not None:
             bar.close()
+
+
+def _check_for_model(options, bundle, detect_only: bool) -> None:
+    """Errors for options the model cannot honour, before any file; a note for detection options that do nothing."""
+    from asr.more_options import check_for_model
+
+    check_for_model(options, bundle)
+    if not bundle.is_multilingual:
+        if detect_only:
+            raise ValueError(f"model {bundle.name} is English-only; it has no languages to detect")
+        if options.language_detection_segments != 1:
+            click.echo("note: English-only model: the language detection options do nothing", err=True)
+    elif options.language is not None and options.language_detection_segments != 1:
+        click.echo("note: --language given: the language detection options do nothing", err=True)
+
+
+def _detect_languages(bundle, files, options) -> int:
+    """Prints `FILE: CODE PROBABILITY` per file; returns the exit status (1 when a file failed)."""
+    from asr.detect import detect_language
+    from audio import load_audio
+
+    failures = 0
+    for path in files:
+        try:
+            language, probs = detect_language(bundle, load_audio(path), options.language_detection_segments,
+                                              options.language_detection_threshold)
+        except ValueError as error:
+            click.echo(f"error: {error}", err=True)
+            failures += 1
+            continue
+        click.echo(f"{path}: {language} {probs[language]:.4f}")
+    return 1 if failures else 0
 
 
 def vad_from_cli(flag: bool, batched: bool, **given):

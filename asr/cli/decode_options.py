@@ -1,0 +1,57 @@
+"""Decoding options shared by `asr transcribe` and `asr batch`: openai-whisper's fallback thresholds and
+suppress list, faster-whisper's hotwords and language detection (their names in kebab-case)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+def _optional_float(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """A number, or None for "none" (openai-whisper's optional_float)."""
+    if value is None or value.strip().lower() == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a number or none, got {value!r}") from None
+
+
+SHARED = [
+    click.option("--compression-ratio-threshold", default="2.4", show_default=True, callback=_optional_float,
+                 help="Decode a window again (next temperature) when its gzip compression ratio is above this; none: never."),
+    click.option("--logprob-threshold", default="-1.0", show_default=True, callback=_optional_float,
+                 help="Decode a window again when its average log-probability is below this; none: never."),
+    click.option("--no-speech-threshold", default="0.6", show_default=True, callback=_optional_float,
+                 help="A window whose no-speech probability is above this (and log-probability below "
+                      "--logprob-threshold) is silence; none: never."),
+    click.option("--suppress-tokens", default="-1", show_default=True,
+                 help="Token ids never generated, comma-separated; -1: the model's non-speech list."),
+    click.option("--hotwords", default=None, help="Words to put in the prompt (faster-whisper's hotwords; not with --prefix)."),
+    click.option("--hallucination-silence-threshold", default=None, type=float,
+                 help="With --word-timestamps: skip silent periods longer than this many seconds around a "
+                      "likely hallucination."),
+    click.option("--language-detection-segments", default=1, show_default=True, type=int,
+                 help="Detect the language over the first N 30 s windows (probabilities averaged)."),
+    click.option("--language-detection-threshold", default=0.5, show_default=True, type=float,
+                 help="With several detection windows: stop at the first whose language is more likely than this."),
+    click.option("--multilingual", is_flag=True,
+                 help="Detect the language of every window (each segment's `language` in the JSON)."),
+]
+NAMES = ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold", "suppress_tokens", "hotwords",
+         "hallucination_silence_threshold", "language_detection_segments", "language_detection_threshold",
+         "multilingual")
+
+
+def decoding_options(command: Callable) -> Callable:
+    """Adds the shared decoding options to a command; `take_decoding` gets their values back."""
+    for option in reversed(SHARED):
+        command = option(command)
+    return command
+
+
+def take_decoding(values: dict[str, Any]) -> dict[str, Any]:
+    """Removes the shared options from a command's keyword arguments; returns them as TranscribeOptions fields."""
+    return {name: values.pop(name) for name in NAMES}
