@@ -219,3 +219,24 @@ def test_cli_detect_language_prints_a_language(tiny, tiny_folder: Path, wav: Pat
     path, rest = result.output.strip().rsplit(": ", 1)
     code, probability = rest.split()
     assert path == str(wav) and code in tiny.special.languages and 0 < float(probability) <= 1
+
+
+def test_batched_windows_with_and_without_prefix_match_alone(tiny) -> None:
+    # With two places, the third audio's first window (prefix) is decoded beside the second's later windows.
+    audios, options = [noise(8, 1), noise(40, 2), noise(8, 3)], TranscribeOptions(**FAST, prefix="hello")
+    together = transcribe_many(tiny, audios, options, batch_size=2)
+    for audio, result in zip(audios, together):
+        alone = transcribe(tiny, audio, options)
+        assert [s.tokens for s in result.segments] == [s.tokens for s in alone.segments]
+        assert result.text.startswith(" hello")
+
+
+def test_full_assistant_prompt_keeps_the_forced_start(tiny) -> None:
+    from asr.assist.assistants import FullAssistant
+    from asr.window import WindowContext
+
+    prefix = tiny.tokenizer.encode(" hello", add_special_tokens=False)
+    model_prompt, _ = tiny.special.prompt([], "en", "transcribe", True, prefix)
+    forced = [tiny.special.timestamp_begin, *prefix]
+    window = WindowContext(None, None, model_prompt, [], [], "en", "transcribe", True, forced)
+    assert FullAssistant("same", tiny, tiny)._prompt(window) == (model_prompt, len(forced))
