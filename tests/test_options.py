@@ -240,3 +240,66 @@ def test_full_assistant_prompt_keeps_the_forced_start(tiny) -> None:
     forced = [tiny.special.timestamp_begin, *prefix]
     window = WindowContext(None, None, model_prompt, [], [], "en", "transcribe", True, forced)
     assert FullAssistant("same", tiny, tiny)._prompt(window) == (model_prompt, len(forced))
+
+
+def test_batch_command_takes_the_decoding_options(tiny, tiny_folder: Path, wav: Path, tmp_path: Path) -> None:
+    output = tmp_path / "rows.jsonl"
+    result = CliRunner().invoke(main, ["batch", str(wav.parent), "-o", str(output), "--model", str(tiny_folder), "-q",
+                                       "--multilingual", "--suppress-tokens", "-1,220", "--no-speech-threshold", "none",
+                                       "--segments", "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(output.read_text().splitlines()[0])
+    assert row["segments"] and all(s["language"] in tiny.special.languages for s in row["segments"])
+    assert all(220 not in s["tokens"] for s in row["segments"])
+    bad = CliRunner().invoke(main, ["batch", str(wav.parent), "-o", str(tmp_path / "bad.jsonl"), "--model",
+                                    str(tiny_folder), "--language-detection-threshold", "3"])
+    assert bad.exit_code != 0 and "detection threshold" in bad.output
+
+
+def test_english_only_models_refuse_language_detection(tiny) -> None:
+    from types import SimpleNamespace
+
+    from asr.cli.transcribe import _check_for_model
+    from asr.detect import detect_language
+    from asr.more_options import check_for_model
+
+    english = SimpleNamespace(name="tiny.en", is_multilingual=False, tokenizer=tiny.tokenizer, special=tiny.special)
+    with pytest.raises(ValueError, match="English-only"):
+        check_for_model(TranscribeOptions(multilingual=True), english)
+    with pytest.raises(ValueError, match="English-only"):
+        detect_language(english, noise(1))
+    with pytest.raises(ValueError, match="English-only"):
+        _check_for_model(TranscribeOptions(), english, detect_only=True)
+    _check_for_model(TranscribeOptions(language_detection_segments=3), english, detect_only=False)  # a note only
+
+
+def test_progress_bar_for_any_file_over_one_window_unless_verbose(tiny, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    import tqdm
+
+    from asr.cli.transcribe import transcribe_file
+
+    made = []
+
+    class Bar:
+        n = 0.0
+
+        def __init__(self, **kwargs) -> None:
+            made.append(kwargs)
+
+        def update(self, n: float) -> None:
+            self.n += n
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    options = TranscribeOptions(**FAST)
+    transcribe_file(tiny, noise(10), options)
+    assert not made
+    transcribe_file(tiny, noise(35), options)
+    assert len(made) == 1
+    transcribe_file(tiny, noise(35), options, verbose=True)
+    transcribe_file(tiny, noise(35), options, show_progress=False)
+    assert len(made) == 1
+    assert capsys.readouterr().out.count(" --> ") >= 1
