@@ -18,7 +18,7 @@ import torch
 
 from asr.alignment import add_word_timestamps
 from asr.decoder import WhisperDecoderAdapter
-from asr.items import _Item, previous_text, sequential_item
+from asr.items import _Item, sequential_item
 from asr.language import check_task, resolve_language
 from asr.logit_rules import whisper_filters
 from asr.more_options import check_for_model, prompt_texts
@@ -228,7 +228,8 @@ class _WindowDecoder:
             if self.texts.prefix and item.prefix_pending:
                 prefix = self.texts.prefix
             elif self.texts.hotwords:  # faster-whisper: hotwords go where the previous text goes, first
-                prev = previous_text(self.texts.hotwords + prev, bundle)
+                room = bundle.model.config.max_target_positions // 2 - 1 - len(self.texts.hotwords)
+                prev = self.texts.hotwords + (prev[-room:] if room > 0 else [])
             prompt, sot_index = special.prompt(prev, language, options.task, options.timestamps, prefix)
             # Tokens the output is forced to start with (<|0.00|> and the prefix): the rules see them as generated.
             start = len(prompt) - (len(prefix) + options.timestamps if prefix else 0)
