@@ -303,3 +303,26 @@ def test_progress_bar_for_any_file_over_one_window_unless_verbose(tiny, monkeypa
     transcribe_file(tiny, noise(35), options, show_progress=False)
     assert len(made) == 1
     assert capsys.readouterr().out.count(" --> ") >= 1
+
+
+def test_a_hallucination_between_silences_is_dropped_and_skipped() -> None:
+    from types import SimpleNamespace
+
+    from asr.hallucination import is_segment_anomaly, skip_hallucinations
+    from asr.results import Segment, Word
+    from asr.window import WindowResult
+
+    def segment(start: float, end: float, probability: float) -> Segment:
+        words = [Word(" word", start + i * (end - start) / 3, start + (i + 1) * (end - start) / 3, probability)
+                 for i in range(3)]
+        return Segment(0, 0, start, end, " word word word", [1, 2, 3], 0.0, -0.5, 1.0, 0.1, words)
+
+    speech, hallucination = segment(0.5, 3.0, 0.9), segment(15.0, 15.1, 0.05)
+    assert not is_segment_anomaly(speech) and is_segment_anomaly(hallucination)
+    item = SimpleNamespace(options=TranscribeOptions(word_timestamps=True, hallucination_silence_threshold=2.0),
+                           seek=0, segment_size=3000, content_frames=6000, last_speech_timestamp=0.0)
+    ts = 50365
+    result = WindowResult([ts, 1, 2, 3, ts + 150, ts + 750, 1, 2, 3, ts + 755], 0.0, -0.5, 1.0, 0.1)
+    kept, advance = skip_hallucinations(item, result, [speech, hallucination], 3000, ts)
+    assert kept == [speech] and advance == 1500  # decoding resumes at the hallucination's start
+    assert item.last_speech_timestamp == pytest.approx(3.0)
