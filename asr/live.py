@@ -20,11 +20,15 @@ class Transcription:
     `result()` decodes whatever is left first, so it can also be called without iterating.
     """
 
-    def __init__(self, segments: Generator[Segment, None, Transcript]) -> None:
-        self._segments = segments
+    def __init__(self) -> None:
+        self._segments: Generator[Segment, None, Transcript] | None = None
         self._transcript: Transcript | None = None
+        # Known once the first window is decoded (given, or detected on it); None before.
+        self.language: str | None = None
+        self.language_probs: dict[str, float] | None = None
 
     def __iter__(self) -> Iterator[Segment]:
+        assert self._segments is not None
         while self._transcript is None:
             try:
                 yield next(self._segments)
@@ -63,20 +67,24 @@ def transcribe_segments(
     """
     options = options or TranscribeOptions()
     language, initial, decoder = prepare(bundle, options, assistant, window_observer)
-    return Transcription(_segments(decoder, load_audio(audio), language, initial, progress))
+    transcription = Transcription()
+    transcription._segments = _segments(transcription, decoder, load_audio(audio), language, initial, progress)
+    return transcription
 
 
-def _segments(decoder: _WindowDecoder, samples: np.ndarray, language: str | None, initial: list[int],
-              progress: Callable[[float, float], None] | None) -> Generator[Segment, None, Transcript]:
+def _segments(transcription: Transcription, decoder: _WindowDecoder, samples: np.ndarray, language: str | None,
+              initial: list[int], progress: Callable[[float, float], None] | None) -> Generator[Segment, None, Transcript]:
     if decoder.options.batch_size is not None:
         from asr.chunked import transcribe_chunked
 
         transcript = transcribe_chunked(decoder, [samples], language, initial, progress)[0]
+        transcription.language, transcription.language_probs = transcript.language, transcript.language_probs
         yield from transcript.segments
         return transcript
     item = sequential_item(0, samples, language, decoder.options, initial)
     while item.next_window():
         decoder.decode([item])
+        transcription.language, transcription.language_probs = item.language, item.language_probs
         if progress is not None:
             progress(item.done_seconds, item.stats.audio_seconds)
         yield from item.restore_new()

@@ -120,6 +120,7 @@ def test_generator_yields_the_segments_of_transcribe(tiny) -> None:
     assert [s.to_dict() for s in segments] == [s.to_dict() for s in whole.segments]
     assert live.result().text == whole.text
     assert live.result().language == whole.language
+    assert live.language == whole.language and live.language_probs == whole.language_probs
 
 
 def test_language_probs_and_multi_window_detection(tiny) -> None:
@@ -210,6 +211,7 @@ def test_cli_verbose_prints_each_segment(tiny_folder: Path, wav: Path) -> None:
     # Then the text, as without --verbose.
     plain = CliRunner().invoke(main, ["transcribe", str(wav), "--model", str(tiny_folder), "--temperature", "0"])
     assert plain.exit_code == 0 and result.output.endswith(plain.output)
+    assert result.output.startswith("Detected language: ")
 
 
 def test_cli_detect_language_prints_a_language(tiny, tiny_folder: Path, wav: Path) -> None:

@@ -145,7 +145,14 @@ def transcribe_file(bundle, path: str, options, assistant=None, show_progress: b
     try:
         transcription = transcribe_segments(bundle, path, options, assistant,
                                             progress if show_progress and not verbose else None)
+        told = False
         for segment in transcription:
+            if verbose and not told and transcription.language_probs is not None:
+                from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+                # openai-whisper's line when the language was detected.
+                click.echo(f"Detected language: {LANGUAGES.get(transcription.language, transcription.language).title()}")
+            told = True
             if verbose:
                 click.echo(f"[{format_timestamp(segment.start)} --> {format_timestamp(segment.end)}] {segment.text}")
         return transcription.result()
