@@ -20,16 +20,16 @@ def _optional_float(ctx: click.Context, param: click.Parameter, value: str | Non
 
 
 SHARED = [
-    click.option("--compression-ratio-threshold", default="2.4", show_default=True, callback=_optional_float,
+    click.option("--compression-ratio-threshold", default="2.4", show_default=True, callback=_optional_float, metavar="FLOAT|none",
                  help="Decode a window again (next temperature) when its gzip compression ratio is above this; none: never."),
-    click.option("--logprob-threshold", default="-1.0", show_default=True, callback=_optional_float,
+    click.option("--logprob-threshold", default="-1.0", show_default=True, callback=_optional_float, metavar="FLOAT|none",
                  help="Decode a window again when its average log-probability is below this; none: never."),
-    click.option("--no-speech-threshold", default="0.6", show_default=True, callback=_optional_float,
+    click.option("--no-speech-threshold", default="0.6", show_default=True, callback=_optional_float, metavar="FLOAT|none",
                  help="A window whose no-speech probability is above this (and log-probability below "
                       "--logprob-threshold) is silence; none: never."),
-    click.option("--suppress-tokens", default="-1", show_default=True,
+    click.option("--suppress-tokens", default="-1", show_default=True, metavar="IDS",
                  help="Token ids never generated, comma-separated; -1: the model's non-speech list."),
-    click.option("--hotwords", default=None, help="Words to put in the prompt (faster-whisper's hotwords; not with --prefix)."),
+    click.option("--hotwords", default=None, help="Words put in the prompt of every window (faster-whisper's hotwords; not in the --prefix window)."),
     click.option("--hallucination-silence-threshold", default=None, type=float,
                  help="With --word-timestamps: skip silent periods longer than this many seconds around a "
                       "likely hallucination."),
