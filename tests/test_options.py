@@ -106,7 +106,8 @@ def test_assisted_words_are_the_models_with_prompt_options(tiny, spec: str) -> N
     assistant = make_assistant(spec, tiny)
     audio = noise(40, seed=1)
     for options in (TranscribeOptions(**FAST, prefix="hello world", hotwords="Kubernetes"),
-                    TranscribeOptions(**FAST, initial_prompt="Ada, Grace.", carry_initial_prompt=True)):
+                    TranscribeOptions(**FAST, initial_prompt="Ada, Grace.", carry_initial_prompt=True),
+                    TranscribeOptions(**FAST, multilingual=True, suppress_tokens="-1,220", clip_timestamps="1,25")):
         plain = transcribe(tiny, audio, options)
         assisted = transcribe(tiny, audio, options, assistant)
         assert [s.tokens for s in assisted.segments] == [s.tokens for s in plain.segments]
