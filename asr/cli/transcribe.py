@@ -166,12 +166,13 @@ def _check_for_model(options, bundle, detect_only: bool) -> None:
     from asr.more_options import check_for_model
 
     check_for_model(options, bundle)
+    detection = options.language_detection_segments != 1 or options.language_detection_threshold != 0.5
     if not bundle.is_multilingual:
         if detect_only:
             raise ValueError(f"model {bundle.name} is English-only; it has no languages to detect")
-        if options.language_detection_segments != 1:
+        if detection:
             click.echo("note: English-only model: the language detection options do nothing", err=True)
-    elif options.language is not None and options.language_detection_segments != 1:
+    elif options.language is not None and detection:
         click.echo("note: --language given: the language detection options do nothing", err=True)
 
 
