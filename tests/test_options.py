@@ -262,7 +262,7 @@ def test_batch_command_takes_the_decoding_options(tiny, tiny_folder: Path, wav: 
 def test_english_only_models_refuse_language_detection(tiny) -> None:
     from types import SimpleNamespace
 
-    from asr.cli.transcribe import _check_for_model
+    from asr.cli.decode_options import check_for_model_cli as _check_for_model
     from asr.detect import detect_language
     from asr.more_options import check_for_model
 

@@ -1,5 +1,6 @@
 """Decoding options shared by `asr transcribe` and `asr batch`: openai-whisper's fallback thresholds and
-suppress list, faster-whisper's hotwords and language detection (their names in kebab-case)."""
+suppress list, faster-whisper's hotwords and language detection (their names in kebab-case); the checks of
+these options against the loaded model, and `asr transcribe --detect-language`."""
 
 from __future__ import annotations
 
@@ -55,3 +56,36 @@ def decoding_options(command: Callable) -> Callable:
 def take_decoding(values: dict[str, Any]) -> dict[str, Any]:
     """Removes the shared options from a command's keyword arguments; returns them as TranscribeOptions fields."""
     return {name: values.pop(name) for name in NAMES}
+
+
+def check_for_model_cli(options, bundle, detect_only: bool) -> None:
+    """Errors for options the model cannot honour, before any file; a note for detection options that do nothing."""
+    from asr.more_options import check_for_model
+
+    check_for_model(options, bundle)
+    detection = options.language_detection_segments != 1 or options.language_detection_threshold != 0.5
+    if not bundle.is_multilingual:
+        if detect_only:
+            raise ValueError(f"model {bundle.name} is English-only; it has no languages to detect")
+        if detection:
+            click.echo("note: English-only model: the language detection options do nothing", err=True)
+    elif options.language is not None and detection:
+        click.echo("note: --language given: the language detection options do nothing", err=True)
+
+
+def detect_languages_cli(bundle, files, options) -> int:
+    """Prints `FILE: CODE PROBABILITY` per file; returns the exit status (1 when a file failed)."""
+    from asr.detect import detect_language
+    from audio import load_audio
+
+    failures = 0
+    for path in files:
+        try:
+            language, probs = detect_language(bundle, load_audio(path), options.language_detection_segments,
+                                              options.language_detection_threshold)
+        except ValueError as error:
+            click.echo(f"error: {error}", err=True)
+            failures += 1
+            continue
+        click.echo(f"{path}: {language} {probs[language]:.4f}")
+    return 1 if failures else 0

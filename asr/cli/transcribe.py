@@ -6,7 +6,12 @@ import sys
 
 import click
 
-from asr.cli.decode_options import decoding_options, take_decoding
+from asr.cli.decode_options import (
+    check_for_model_cli,
+    decoding_options,
+    detect_languages_cli,
+    take_decoding,
+)
 from asr.cli.runtime import (
     DEVICES,
     DTYPE_HELP,
@@ -100,11 +105,11 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
         if more["detect_language"]:
             assistant = "none"
         bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
-        _check_for_model(options, bundle, more["detect_language"])
+        check_for_model_cli(options, bundle, more["detect_language"])
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     if more["detect_language"]:
-        sys.exit(_detect_languages(bundle, files, options))
+        sys.exit(detect_languages_cli(bundle, files, options))
     failures = 0
     for path in files:
         try:
@@ -159,39 +164,6 @@ def transcribe_file(bundle, path: str, options, assistant=None, show_progress: b
     finally:
         if bar is not None:
             bar.close()
-
-
-def _check_for_model(options, bundle, detect_only: bool) -> None:
-    """Errors for options the model cannot honour, before any file; a note for detection options that do nothing."""
-    from asr.more_options import check_for_model
-
-    check_for_model(options, bundle)
-    detection = options.language_detection_segments != 1 or options.language_detection_threshold != 0.5
-    if not bundle.is_multilingual:
-        if detect_only:
-            raise ValueError(f"model {bundle.name} is English-only; it has no languages to detect")
-        if detection:
-            click.echo("note: English-only model: the language detection options do nothing", err=True)
-    elif options.language is not None and detection:
-        click.echo("note: --language given: the language detection options do nothing", err=True)
-
-
-def _detect_languages(bundle, files, options) -> int:
-    """Prints `FILE: CODE PROBABILITY` per file; returns the exit status (1 when a file failed)."""
-    from asr.detect import detect_language
-    from audio import load_audio
-
-    failures = 0
-    for path in files:
-        try:
-            language, probs = detect_language(bundle, load_audio(path), options.language_detection_segments,
-                                              options.language_detection_threshold)
-        except ValueError as error:
-            click.echo(f"error: {error}", err=True)
-            failures += 1
-            continue
-        click.echo(f"{path}: {language} {probs[language]:.4f}")
-    return 1 if failures else 0
 
 
 def vad_from_cli(flag: bool, batched: bool, **given):
