@@ -5,7 +5,7 @@
     print(transcribe(bundle, "speech.flac").text)
 """
 
-__all__ = ["TranscribeOptions", "load_model", "make_assistant", "transcribe", "transcribe_segments"]
+__all__ = ["SubtitleOptions", "TranscribeOptions", "load_model", "make_assistant", "transcribe", "transcribe_segments"]
 
 
 def __getattr__(name: str):
@@ -26,6 +26,10 @@ def __getattr__(name: str):
         from asr.options import TranscribeOptions
 
         return TranscribeOptions
+    if name == "SubtitleOptions":
+        from asr.writers import SubtitleOptions
+
+        return SubtitleOptions
     if name == "make_assistant":
         from asr.assist.choose import make_assistant
 

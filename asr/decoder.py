@@ -130,6 +130,11 @@ class WhisperDecoderAdapter:
         cache.select(rows)
         self.cross = [(k[rows], v[rows]) for k, v in self.cross]
 
+    def select_cache(self, cache: StaticKVCache, rows: torch.Tensor) -> None:
+        """`select` where every new row reads the same window as the row now in its place (beams of one window
+        reordered): the cross-attention keys and values stay as they are."""
+        cache.select(rows)
+
 
 Fn = Callable[[torch.Tensor], Any]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from audio.vad import VadOptions
@@ -36,6 +37,16 @@ class TranscribeOptions:
     # Skip a window whose peak level is below this (dBFS) without decoding: digital silence holds no speech,
     # yet Whisper tends to invent " you" there, and its no-speech guard lets it through. None: decode everything.
     silence_threshold_db: float | None = -60.0
+    # Search (openai-whisper's names and meanings; its command line decodes with beam_size 5 and best_of 5, its
+    # `transcribe()` and this library greedily by default). beam_size N > 1: beam search with N beams at
+    # temperature 0, the model alone (no assistant); patience P: stop once round(N * P) sequences have ended
+    # (default 1.0); length_penalty L in [0, 1]: rank candidates by sum log-probability / ((5 + length) / 6) ** L
+    # (None: / length). best_of N: N samples per window at temperatures above 0 (each assisted when there is an
+    # assistant), the best by the same ranking. None: greedy, one sample.
+    beam_size: int | None = None
+    patience: float | None = None
+    length_penalty: float | None = None
+    best_of: int | None = None
     # Most tokens decoded in one window (openai-whisper: half the decoder's context).
     max_new_tokens: int = 224
     # Drafting: schedule (heuristic, constant, confidence) and its starting k. None: the assistant's own
@@ -73,8 +84,12 @@ class TranscribeOptions:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
-        if not self.temperatures or any(t < 0 for t in self.temperatures):
-            raise ValueError(f"temperatures must be a non-empty list of values >= 0, got {self.temperatures}")
+        if not self.temperatures or not all(math.isfinite(t) and t >= 0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be a non-empty list of numbers >= 0, got {self.temperatures}")
+        for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold", "silence_threshold_db"):
+            value = getattr(self, name)
+            if value is not None and math.isnan(value):
+                raise ValueError(f"{name} must be a number, got nan")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.word_timestamps and not self.timestamps:
@@ -82,9 +97,30 @@ class TranscribeOptions:
         make_schedule(*self.drafting())
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        self._check_search()
         from asr.more_options import check_options
 
         check_options(self)
+
+    def _check_search(self) -> None:
+        if self.beam_size is not None and self.beam_size < 1:
+            raise ValueError(f"beam size must be >= 1, got {self.beam_size}")
+        if self.best_of is not None and self.best_of < 1:
+            raise ValueError(f"best of must be >= 1, got {self.best_of}")
+        if self.patience is not None:
+            if not self.patience > 0:
+                raise ValueError(f"patience must be > 0, got {self.patience}")
+            if not self.beam_search:
+                raise ValueError("patience applies to beam search: give a beam size above 1 too")
+            if round(self.beam_size * self.patience) < 1:
+                raise ValueError(f"beam size {self.beam_size} with patience {self.patience} waits for no sequence")
+        if self.length_penalty is not None and not 0 <= self.length_penalty <= 1:
+            raise ValueError(f"length penalty must be between 0 and 1, got {self.length_penalty}")
+
+    @property
+    def beam_search(self) -> bool:
+        """Whether windows are beam searched at temperature 0 (beam_size > 1): the model alone, no assistant."""
+        return self.beam_size is not None and self.beam_size > 1
 
     def drafting(self, preferred: tuple[str, int] | None = None) -> tuple[str, int]:
         """(schedule, k): what was asked for, else the assistant's `preferred` drafting, else DEFAULT_SCHEDULE."""

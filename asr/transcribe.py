@@ -66,7 +66,7 @@ class WindowAssistant(Protocol):
 
 def transcribe(
     bundle,
-    audio: str | np.ndarray,
+    audio: str | bytes | np.ndarray,
     options: TranscribeOptions = TranscribeOptions(),
     assistant: WindowAssistant | None = None,
     progress: Callable[[float, float], None] | None = None,
@@ -78,7 +78,8 @@ def transcribe(
 
     Args:
         bundle: a loaded model (`asr.models.registry.load_model`).
-        audio: a path, or samples at 16 kHz.
+        audio: a path, a file's bytes, or mono samples at 16 kHz. For one channel of a stereo recording (each
+            side of a call), pass `audio.load_audio(path, channel=0)` (left) or `channel=1` (right).
         options: what to produce and how.
         assistant: drafts tokens for the model to check; None for plain decoding. The words are the model's either way.
         progress: called with (seconds done, seconds in all) after each window.
@@ -88,7 +89,8 @@ def transcribe(
 
     Raises:
         audio.AudioError: the audio cannot be read.
-        ValueError: options the model cannot honour (an unknown language, translation with an English-only model).
+        ValueError: options the model cannot honour (an unknown language, translation with an English-only model),
+            or an assistant with beam search (`options.beam_size` > 1 decodes with the model alone).
     """
     return transcribe_many(bundle, [audio], options, assistant, batch_size=1, progress=progress)[0]
 
@@ -187,11 +189,15 @@ class _WindowDecoder:
         self.options = options
         self.assistant = assistant
         self.observer = observer
+        if options.beam_search and assistant is not None:
+            raise ValueError("beam search decodes with the model alone: pass no assistant, or beam size 1")
         self.rules = FallbackRules(options.temperatures, options.compression_ratio_threshold,
                                    options.logprob_threshold, options.no_speech_threshold)
         schedule, num_assistant_tokens = options.drafting(getattr(assistant, "schedule", None))
         self.settings = WindowSettings(self.rules, bundle.special, self.decode_text, options.max_new_tokens,
-                                       schedule, num_assistant_tokens)
+                                       schedule, num_assistant_tokens, beam_size=options.beam_size or 1,
+                                       patience=options.patience, length_penalty=options.length_penalty,
+                                       best_of=options.best_of or 1)
         self.suppress = check_for_model(options, bundle)
         self.texts = prompt_texts(options, bundle)
 

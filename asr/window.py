@@ -19,6 +19,7 @@ from decoding import (
     LogitsFilter,
     SamplingOptions,
 )
+from decoding.beam import BeamOptions, beam_search_batch, rank
 from decoding.engine import GenerationResult, generate_batch
 
 if TYPE_CHECKING:
@@ -96,6 +97,13 @@ class WindowSettings:
     max_new_tokens: int  # most tokens in one window
     schedule: str  # drafting schedule
     num_assistant_tokens: int  # drafts per round (start)
+    # openai-whisper's search: beam search at temperature 0 when beam_size > 1 (the model alone), best_of
+    # samples per window at higher temperatures, the best of either by sum log-probability over the length
+    # (or over the length penalty `((5 + length) / 6) ** length_penalty`).
+    beam_size: int = 1
+    patience: float | None = None
+    length_penalty: float | None = None
+    best_of: int = 1
 
 
 def decode_windows(
@@ -110,7 +118,10 @@ def decode_windows(
 ) -> list[tuple[WindowResult, GenerationStats]]:
     """Decodes a batch of windows, each at every temperature in turn until its result passes the checks.
 
-    Rows that fail a check are decoded again together at the next temperature; the others are done.
+    Rows that fail a check are decoded again together at the next temperature; the others are done. At
+    temperature 0 with `settings.beam_size` > 1 a window is beam searched (without drafts); at a higher
+    temperature `settings.best_of` samples of each window are decoded together (as rows of one batch, each with
+    drafts) and the best is kept (openai-whisper's `decode_with_fallback`).
 
     Args:
         decoder: the model's decoder over the windows (their cross-attention keys and values computed once).
@@ -141,25 +152,57 @@ def decode_windows(
             num_assistant_tokens=settings.num_assistant_tokens,
             prompt_logits_at=sot_from_end,
         )
-        draft = make_draft(pending) if make_draft is not None else None
-        generated = generate_batch(decoder.rows(pending), [prompts[i] for i in pending], options, draft,
-                                   [filters[i] for i in pending])
-        for i, result in zip(pending, generated):
-            stats[i].add(result.stats)
-            results[i] = _window_result(result, temperature, settings)
+        if temperature == 0 and settings.beam_size > 1:
+            beam = BeamOptions(settings.beam_size, settings.patience)
+            found = beam_search_batch(decoder.rows(pending), [prompts[i] for i in pending], options, beam,
+                                      [filters[i] for i in pending])
+            for i, result in zip(pending, found):
+                stats[i].add(result.stats)
+                best = result.best(settings.length_penalty)
+                results[i] = _window_result(best.tokens, best.sum_logprob, result.prompt_logits, temperature,
+                                            settings)
+        else:
+            copies = settings.best_of if temperature > 0 else 1
+            rows = [i for i in pending for _ in range(copies)]
+            draft = make_draft(rows) if make_draft is not None else None
+            generated = generate_batch(decoder.rows(rows), [prompts[i] for i in rows], options, draft,
+                                       [filters[i] for i in rows])
+            for n, i in enumerate(pending):
+                samples = generated[n * copies:(n + 1) * copies]
+                chosen = _best_sample(samples, settings.length_penalty)
+                for sample in samples:
+                    if sample is not samples[0]:
+                        sample.stats.total_seconds = 0.0  # one call's time, counted once
+                    stats[i].add(sample.stats)
+                results[i] = _window_result(_text_tokens(chosen), sum(chosen.logprobs), chosen.prompt_logits,
+                                            temperature, settings)
         pending = [i for i in pending if settings.rules.needs_fallback(results[i])]
         if not pending:
             break
     return [(r, s) for r, s in zip(results, stats)]
 
 
-def _window_result(generated: GenerationResult, temperature: float, settings: WindowSettings) -> WindowResult:
-    tokens = generated.tokens[:-1] if generated.finished else generated.tokens
+def _text_tokens(generated: GenerationResult) -> list[int]:
+    return generated.tokens[:-1] if generated.finished else generated.tokens
+
+
+def _best_sample(samples: list[GenerationResult], length_penalty: float | None) -> GenerationResult:
+    """openai-whisper's ranking of a window's samples (`decoding.beam.rank`); the first of equals."""
+    if len(samples) == 1:
+        return samples[0]
+    return samples[rank([len(_text_tokens(s)) for s in samples], [sum(s.logprobs) for s in samples],
+                        length_penalty)]
+
+
+def _window_result(tokens: list[int], sum_logprob: float, prompt_logits: torch.Tensor | None, temperature: float,
+                   settings: WindowSettings) -> WindowResult:
+    """The window's result from its chosen candidate: tokens (end-of-text excluded) and their summed
+    log-probability (end-of-text's included when it ended the sequence)."""
     # openai-whisper divides by the token count plus one: the end-of-text token's log-probability is included.
-    avg_logprob = sum(generated.logprobs) / (len(tokens) + 1)
+    avg_logprob = sum_logprob / (len(tokens) + 1)
     no_speech_prob = 0.0
-    if generated.prompt_logits is not None:
-        no_speech_prob = generated.prompt_logits.float().softmax(-1)[settings.special.no_speech].item()
+    if prompt_logits is not None:
+        no_speech_prob = prompt_logits.float().softmax(-1)[settings.special.no_speech].item()
     text = settings.decode_text([t for t in tokens if t < settings.special.eot])
     return WindowResult(tokens, temperature, avg_logprob, compression_ratio(text), no_speech_prob)
 

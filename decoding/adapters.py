@@ -41,7 +41,11 @@ class ModelAdapter(Protocol):
         """Cuts the cache back to its first `length` slots."""
 
     def select(self, cache: Any, rows: torch.Tensor) -> None:
-        """Keeps only the given batch rows of the cache (and of any per-row state)."""
+        """Keeps only the given batch rows of the cache (and of any per-row state); a row may be given twice.
+
+        An adapter with per-row state may also have `select_cache(cache, rows)`: the same for the cache alone,
+        for reorders that leave every row's state as it is (beam search within a prompt's beams).
+        """
 
 
 class CausalLMAdapter:

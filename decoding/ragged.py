@@ -106,12 +106,21 @@ class RaggedBatch:
         if self.batch_size == 1 and bool(self.valid.all()):
             self.holes = False
 
-    def select(self, rows: Sequence[int]) -> None:
-        """Keeps only the given rows, in that order (finished sequences leave the batch)."""
+    def select(self, rows: Sequence[int], same_state: bool = False) -> None:
+        """Keeps only the given rows, in that order (finished sequences leave the batch); a row given twice is
+        copied (beam search).
+
+        `same_state`: each new row's per-row model state (Whisper: its window's encoder output) is that of the
+        row now in its place, so only the cache moves (the adapter's `select_cache`, when it has one).
+        """
         if list(rows) == list(range(self.batch_size)):
             return
         index = torch.tensor(list(rows), dtype=torch.long, device=self.adapter.device)
-        self.adapter.select(self.cache, index)
+        select_cache = getattr(self.adapter, "select_cache", None)
+        if same_state and select_cache is not None:
+            select_cache(self.cache, index)
+        else:
+            self.adapter.select(self.cache, index)
         self.valid = self.valid[index]
-        self.slots = [self.slots[r] for r in rows]
+        self.slots = [list(self.slots[r]) for r in rows]
         self._trim()

@@ -85,6 +85,8 @@ class LibraryBackend:
             options = replace(options, vad=VadOptions())
         if config.kind == "batched":
             options = replace(options, batch_size=config.batch_size, timestamps=config.timestamps)
+        if config.kind == "beam":
+            options = replace(options, beam_size=config.beam_size, best_of=config.best_of, patience=config.patience)
         self.options = options
 
     def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
@@ -267,7 +269,7 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, de
     skipped: dict[str, str] = {}
     for config in configs:
         try:
-            if config.kind in ("greedy", "assisted", "batched"):
+            if config.kind in ("greedy", "assisted", "batched", "beam"):
                 precision = dtype if config.dtype is None else resolve_precision(config.dtype, device)
                 if precision not in models:
                     models[precision] = load_model(model_name, device=device, dtype=precision)

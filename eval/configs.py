@@ -3,14 +3,17 @@
     greedy[,vad]                            the model alone (this library's decoder)
     assisted:NAME[,OPTION=VALUE...][,vad]   this library's assisted decoding; NAME as `asr transcribe --assistant`
     batched:N[,assistant=NAME]              this library's batched long-form (`asr transcribe --batch-size N`)
+    beam:N[,best_of=M][,patience=P]         this library's beam search, N beams at temperature 0 and M samples
+                                            (default N, as openai-whisper's command line pairs them) above
     transformers                            transformers' own `generate()`, no assistant
     transformers-assisted:NAME[,k=..]       transformers' `generate(assistant_model=...)`: the baseline to beat
-    faster-whisper[,compute_type=..][,batched=N]  CTranslate2, when installed: the outside speed anchor
+    faster-whisper[,compute_type=..][,batched=N][,beam=N]  CTranslate2, when installed: the outside speed anchor
+                                            (beam=N: its beam search with N beams; default 1, greedy)
 
 Options: `dtype=float32|bfloat16|float16|int8` (this library's kinds: the model in that precision, as
 `asr transcribe --dtype`; default: the run's `--dtype`), `kernels=aten` (this library's kinds: PyTorch's default
 kernels instead of oneDNN's, as `ASSISTED_WHISPER_KERNELS=aten`), `schedule=heuristic|constant|confidence`,
-`k=N` (drafts per round, at the start), `temperature=T`
+`k=N` (drafts per round, at the start), `best_of=M` and `patience=P` (beam only), `temperature=T`
 (a single temperature, no fallback), `compute_type=default|int8|float32|...` (faster-whisper only), `vad` (Silero
 VAD: the speech only, `asr transcribe --vad`), `assistant=NAME` (batched only), `timestamps=off` (batched: no
 timestamp tokens, one segment per chunk), `batched=N` (faster-whisper's `BatchedInferencePipeline`, batch N).
@@ -21,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-KINDS = ("greedy", "assisted", "batched", "transformers", "transformers-assisted", "faster-whisper")
+KINDS = ("greedy", "assisted", "batched", "beam", "transformers", "transformers-assisted", "faster-whisper")
 # Kinds that need an assistant NAME after the colon.
 ASSISTED_KINDS = frozenset({"assisted", "transformers-assisted"})
 # Options each kind accepts.
@@ -29,9 +32,10 @@ OPTIONS = {
     "greedy": ("temperature", "vad", "dtype", "kernels"),
     "assisted": ("schedule", "k", "temperature", "vad", "dtype", "kernels"),
     "batched": ("assistant", "schedule", "k", "temperature", "timestamps", "dtype", "kernels"),
+    "beam": ("best_of", "patience", "temperature", "vad", "dtype", "kernels"),
     "transformers": (),
     "transformers-assisted": ("schedule", "k"),
-    "faster-whisper": ("compute_type", "batched"),
+    "faster-whisper": ("compute_type", "batched", "beam"),
 }
 # Options written as a bare word (on), not OPTION=VALUE.
 FLAGS = frozenset({"vad"})
@@ -65,6 +69,11 @@ class EvalConfig:
     dtype: str | None = None
     # PyTorch's default kernels (`decoding.kernels.reference_kernels`) instead of oneDNN's.
     reference_kernels: bool = False
+    # Beam search (beam kind; beam_size also faster-whisper's): beams at temperature 0, samples per fallback
+    # temperature, patience.
+    beam_size: int | None = None
+    best_of: int | None = None
+    patience: float | None = None
 
     @property
     def uses_assistant(self) -> bool:
@@ -83,12 +92,15 @@ def parse_config(text: str) -> EvalConfig:
     kind = kind.strip()
     if kind not in KINDS:
         raise ValueError(f"unknown configuration {name!r}; start it with one of {', '.join(KINDS)}")
-    batch_size = None
+    batch_size = beam_size = None
     if kind in ASSISTED_KINDS:
         if not assistant.strip():
             raise ValueError(f"configuration {name!r} needs an assistant: {kind}:NAME (e.g. {kind}:tiny.en)")
     elif kind == "batched":
         batch_size = _positive_int(assistant.strip() or "missing", "the batch size (batched:N)", name)
+        assistant = ""
+    elif kind == "beam":
+        beam_size = _positive_int(assistant.strip() or "missing", "the beam size (beam:N)", name)
         assistant = ""
     elif colon:
         raise ValueError(f"configuration {name!r}: {kind} takes no assistant; use assisted:{assistant}")
@@ -108,6 +120,7 @@ def parse_config(text: str) -> EvalConfig:
         options[key] = value
     if kind == "faster-whisper":
         batch_size = _positive_int(options.get("batched"), "batched", name)
+        beam_size = _positive_int(options.get("beam"), "beam", name)
     from asr.constants import DTYPES
 
     if options.get("dtype", "float32") not in DTYPES[1:]:
@@ -126,7 +139,9 @@ def parse_config(text: str) -> EvalConfig:
         num_assistant_tokens=_positive_int(options.get("k"), "k", name),
         temperature=_temperature(options.get("temperature"), name),
         compute_type=options.get("compute_type"), dtype=options.get("dtype"),
-        reference_kernels="kernels" in options,
+        reference_kernels="kernels" in options, beam_size=beam_size,
+        best_of=_positive_int(options.get("best_of", str(beam_size)), "best_of", name) if kind == "beam" else None,
+        patience=_patience(options.get("patience"), name),
     )
 
 
@@ -166,6 +181,18 @@ def _positive_int(value: str | None, key: str, name: str) -> int | None:
         number = 0
     if number < 1:
         raise ValueError(f"configuration {name!r}: {key} must be a whole number >= 1, got {value!r}")
+    return number
+
+
+def _patience(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not number > 0:  # also refuses NaN
+        raise ValueError(f"configuration {name!r}: patience must be a number > 0, got {value!r}")
     return number
 
 

@@ -16,8 +16,8 @@ from eval.configs import EvalConfig
 
 
 class FasterWhisperBackend:
-    """faster-whisper (CTranslate2) on the same weights, greedy: beam 1, the same temperature fallback; with
-    `batched=N` its `BatchedInferencePipeline` (its VAD, chunks of 30 s, its defaults otherwise).
+    """faster-whisper (CTranslate2) on the same weights, greedy: beam 1 (`beam=N`: N beams), the same temperature
+    fallback; with `batched=N` its `BatchedInferencePipeline` (its VAD, chunks of 30 s, its defaults otherwise).
 
     It runs in a process of its own, as its users run it: once CTranslate2 had decoded in our process, PyTorch's
     decoding there took markedly longer for the rest of the run (two OpenMP runtimes and two oneDNN copies in
@@ -42,7 +42,8 @@ class FasterWhisperBackend:
         self._connection, child = context.Pipe()
         self._process = context.Process(
             target=_faster_whisper_worker, daemon=True,
-            args=(child, str(folder), "cuda" if on_gpu else "cpu", compute_type, threads, config.batch_size))
+            args=(child, str(folder), "cuda" if on_gpu else "cpu", compute_type, threads, config.batch_size,
+                  config.beam_size or 1))
         self._process.start()
         child.close()
         kind, message = self._receive()
@@ -73,7 +74,7 @@ class FasterWhisperBackend:
 
 
 def _faster_whisper_worker(connection: Any, folder: str, device: str, compute_type: str, threads: int,
-                           batch_size: int | None) -> None:
+                           batch_size: int | None, beam_size: int = 1) -> None:
     """The faster-whisper side of `FasterWhisperBackend`: loads the model, then decodes what comes down the pipe
     until None (or the pipe closes)."""
     try:
@@ -96,9 +97,10 @@ def _faster_whisper_worker(connection: Any, folder: str, device: str, compute_ty
         samples, language = request
         try:
             if pipeline is not None:
-                segments, info = pipeline.transcribe(samples, language=language, beam_size=1, batch_size=batch_size)
+                segments, info = pipeline.transcribe(samples, language=language, beam_size=beam_size,
+                                                     batch_size=batch_size)
             else:
-                segments, info = model.transcribe(samples, language=language, beam_size=1, vad_filter=False)
+                segments, info = model.transcribe(samples, language=language, beam_size=beam_size, vad_filter=False)
             segments = list(segments)  # the generator decodes as it is consumed
             connection.send(("ok", ("".join(s.text for s in segments), info.language,
                                     sum(len(s.tokens) for s in segments))))

@@ -19,7 +19,7 @@ class ErrorCounts:
 
     @property
     def rate(self) -> float:
-        """(S + D + I) / N; 0 for an empty reference set."""
+        """(S + D + I) / N; 0 for an empty reference set (its insertions are counted, in `insertions`)."""
         errors = self.substitutions + self.deletions + self.insertions
         return errors / self.reference_length if self.reference_length else 0.0
 
@@ -31,6 +31,9 @@ class ErrorCounts:
 def error_counts(references: Sequence[str], hypotheses: Sequence[str], language: str = "en",
                  normalized: bool = False) -> ErrorCounts:
     """Counts word edits (character edits for zh/ja/ko...) after normalising both sides.
+
+    A pair whose reference is empty (silence, music) counts every word of its hypothesis as an insertion: text
+    invented where nobody speaks is an error, as it is in the rest of the set.
 
     Args:
         references, hypotheses: parallel texts.
@@ -44,13 +47,16 @@ def error_counts(references: Sequence[str], hypotheses: Sequence[str], language:
     if not normalized:
         references = [normalize(r, language) for r in references]
         hypotheses = [normalize(h, language) for h in hypotheses]
+    characters = language in CHARACTER_LANGUAGES
+    invented = sum(len(h.replace(" ", "")) if characters else len(h.split())
+                   for r, h in zip(references, hypotheses) if not r.strip())
     pairs = [(r, h) for r, h in zip(references, hypotheses) if r.strip()]
     if not pairs:
-        return ErrorCounts()
+        return ErrorCounts(insertions=invented)
     refs, hyps = [p[0] for p in pairs], [p[1] for p in pairs]
-    measure = jiwer.process_characters if language in CHARACTER_LANGUAGES else jiwer.process_words
+    measure = jiwer.process_characters if characters else jiwer.process_words
     out = measure(refs, hyps)
-    return ErrorCounts(out.substitutions, out.deletions, out.insertions,
+    return ErrorCounts(out.substitutions, out.deletions, out.insertions + invented,
                        out.substitutions + out.deletions + out.hits)
 
 

@@ -1,7 +1,8 @@
 """Throughput of `asr batch` (audio-seconds per second) on the English clips of ../shared/evaldata.
 
 Batch sizes x assistants in this process (the model loaded once, a warm-up first), then the same items under
-`accelerate launch` with 2 processes. Prints a markdown table; the median of --repeats runs per row.
+`accelerate launch` with 2 processes. Prints a markdown table; the median of --repeats runs per row. Writes
+docs/figures/batch.json and docs/figures/batch.md (`--out` to change).
 
     python scripts/bench_batch.py                 # the full table (tens of minutes on 2 cores)
     python scripts/bench_batch.py --short         # 4 clips, two rows per part: checks that it runs
@@ -21,20 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-EVALDATA = REPO.parent / "shared" / "evaldata"
+from benchlib import REPO, command_line, figure_path, wer_items, write_figures
 
 
 def english_clips(limit: int | None) -> list[dict]:
     """English WER clips up to 30 s (as tests/test_transcribe.py picks them), with absolute paths."""
-    rows = []
-    for folder in ("librispeech", "ljspeech", "clips", "fleurs"):
-        manifest = EVALDATA / folder / "manifest.jsonl"
-        for line in manifest.read_text().splitlines():
-            row = json.loads(line) if line.strip() else None
-            if row and row["language"] == "en" and row.get("eval_use") == "wer" and row["duration_s"] <= 30.0:
-                rows.append({"id": f"{folder}/{row['audio']}", "audio": str(EVALDATA / folder / row["audio"]),
-                             "text": row["text"]})
+    rows = [{key: item[key] for key in ("id", "audio", "text")}
+            for item in wer_items(("librispeech", "ljspeech", "clips", "fleurs"), max_seconds=30.0)]
     return rows[:limit] if limit else rows
 
 
@@ -105,14 +99,14 @@ def main() -> None:
                         help="2-process rows as ASSISTANT:BATCH, comma-separated ('' for none).")
     parser.add_argument("--repeats", type=int, default=1, help="Runs per row (the median is reported).")
     parser.add_argument("--threads", type=int, default=2, help="Torch threads in this process.")
+    parser.add_argument("--out", default=str(figure_path("batch")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
     if args.short:
         args.assistants, args.batch_sizes, args.process_runs = "none,self:int8", "1,4", "none:2"
 
     import torch
 
-    from asr.assist.choose import load_pair
-    from asr.assist.choose import make_assistant
+    from asr.assist.choose import load_pair, make_assistant
 
     torch.set_num_threads(args.threads)
     clips = english_clips(4 if args.short else None)
@@ -133,10 +127,13 @@ def main() -> None:
         for run in filter(None, args.process_runs.split(",")):
             assistant, _, batch_size = run.rpartition(":")
             rows.append(two_processes(manifest, work, args.model, assistant, int(batch_size), args.repeats))
-    print(f"\n{len(clips)} English clips of ../shared/evaldata, model {args.model}, "
-          f"{args.threads} threads in one process, {max(1, (os.cpu_count() or 2) // 2)} per process with 2; "
-          f"median of {args.repeats} run(s)\n")
+    caption = (f"{len(clips)} English clips of ../shared/evaldata, model {args.model}, "
+               f"{args.threads} threads in one process, {max(1, (os.cpu_count() or 2) // 2)} per process with 2; "
+               f"median of {args.repeats} run(s)")
+    print(f"\n{caption}\n")
     print(table(rows))
+    write_figures(args.out, {"clips": len(clips), "model": args.model, "repeats": args.repeats, "rows": rows},
+                  f"{caption}.\n\n{table(rows)}", command_line())
 
 
 if __name__ == "__main__":

@@ -10,58 +10,47 @@
 3. Step costs in place (medians): the model's pass over 1 and 6 tokens, each draft's step in fp32 and int8,
    and the output head's share of it.
 
-Writes OUT.json and OUT.md (a Markdown table) and prints the table. Speed end to end, side by side with
-faster-whisper, comes from `asr eval` (docs/drafts.md names the command).
+Writes docs/figures/draft.json and docs/figures/draft.md (`--out` to change) and prints the tables. Speed end
+to end, side by side with faster-whisper, comes from `asr eval` (docs/drafts.md names the command).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from benchlib import (
+    command_line,
+    figure_path,
+    load,
+    sonnets,
+    timed,
+    wer_items,
+    write_figures,
+)
 
 from asr.assist.choose import draft_folder, make_assistant
+from asr.assist.draft import load_draft
 from asr.decoder import WhisperDecoderAdapter
 from asr.distill.data import window_from_decoded
-from asr.assist.draft import load_draft
 from asr.distill.train import agreement
-from asr.options import TranscribeOptions
 from asr.models.registry import load_model
+from asr.options import TranscribeOptions
 from asr.transcribe import transcribe, transcribe_many
-from audio import load_audio
 
-EVALDATA = Path(__file__).resolve().parents[2] / "shared" / "evaldata"
 FOLDERS = ("librispeech", "ljspeech", "fleurs", "clips", "spontaneous")
 
 
 def english_recordings() -> list[tuple[str, str, np.ndarray]]:
     """(subset, id, samples) of the 65 English WER recordings and the sonnets joined."""
-    found = []
-    for folder in FOLDERS:
-        for line in (EVALDATA / folder / "manifest.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            if row.get("eval_use") == "wer" and row.get("language") == "en":
-                found.append((folder, row["audio"], load_audio(EVALDATA / folder / row["audio"])))
-    sonnets = np.concatenate([load_audio(EVALDATA / "longform" / f"p00{i}.mp3") for i in (1, 2, 3)])
-    found.append(("longform", "sonnets", sonnets))
+    found = [(item["subset"], item["id"].split("/", 1)[1], load(item["audio"])) for item in wer_items(FOLDERS)]
+    found.append(("longform", "sonnets", sonnets()))
     return found
 
 
 def median_ms(fn, repeats: int = 60) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * timed(fn, repeats, warmup=5)
 
 
 def step_costs(bundle, drafts: dict[str, object], encoder_output: torch.Tensor) -> dict[str, float]:
@@ -96,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafts", default="base-draft", help="comma-separated draft names or folders")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default="docs/figures/draft")
+    parser.add_argument("--out", default=str(figure_path("draft")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bundle = load_model("base")
@@ -161,25 +150,17 @@ def main() -> None:
     for key, value in costs.items():
         print(f"{key}: {value:.2f} ms", flush=True)
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    report = {"command": "python scripts/bench_draft.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
-              "cpu": cpu, "threads": args.threads, "torch": torch.__version__, "drafts": results,
-              "step_ms": {k: round(v, 2) for k, v in costs.items()},
+    report = {"drafts": results, "step_ms": {k: round(v, 2) for k, v in costs.items()},
               "recordings": len(recordings), "windows": sum(len(w) for w in windows.values())}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"`{report['command']}` — {cpu}, {args.threads} threads, torch {torch.__version__}", "",
-             "| assistant | teacher-forced agreement | acceptance (real decoding) | tokens / round | "
-             "model passes / token | same words |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    lines = [("| assistant | teacher-forced agreement | acceptance (real decoding) | tokens / round | "
+              "model passes / token | same words |"), "| --- | ---: | ---: | ---: | ---: | --- |"]
     for spec, row in results.items():
         agree = f"{row['agreement']:.1%}" if "agreement" in row else "-"
         lines.append(f"| {spec} | {agree} | {row.get('acceptance_rate', 0):.1%} | {row.get('tokens_per_round', 0):.2f} "
                      f"| {row.get('model_passes_per_token', 0):.3f} | {row.get('same_words_as_greedy')} |")
     lines += ["", "| pass | ms (median) |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.2f} |" for k, v in costs.items()]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_figures(args.out, report, "\n".join(lines), command_line())
     print("\n".join(lines))
 
 

@@ -1,7 +1,7 @@
 """Benchmark the assisted-generation engine against transformers' own greedy and assisted generation.
 
 Usage: python scripts/bench_engine.py [--tokenizer whisper|byt5|PATH] [--new-tokens 128] [--runs 5] [--threads 1]
-       [--layers 6] [--assistant-layers 2] [--n-embd 384] [--device cpu|cuda]
+       [--layers 6] [--assistant-layers 2] [--n-embd 384] [--device cpu|cuda] [--out docs/figures/engine]
 
 On a small real-tokenizer pair built here (random weights, so no download): a GPT-2-shaped model over a real
 tokenizer's vocabulary (the English-only Whisper BPE, 50k tokens, or ByT5's 384 bytes) and an assistant made of
@@ -10,7 +10,8 @@ the model's first layers with its embeddings and head (so it agrees often). One 
   (b) our assisted decoding vs transformers' `generate(assistant_model=...)` with the same draft schedule
       (k = 5, +2 / -1 heuristic, no confidence stopping), checking that all four give identical tokens;
   (c) our per-round overhead outside the two models' forward passes: (total - model - assistant) / rounds.
-Prints a markdown table. Speed is measured here, never asserted in tests.
+Prints a markdown table and writes it to docs/figures/engine.json and docs/figures/engine.md (`--out` to
+change). Speed is measured here, never asserted in tests.
 """
 
 from __future__ import annotations
@@ -18,13 +19,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import command_line, figure_path, timed, write_figures
 
 PROMPT = ("And so my fellow Americans, ask not what your country can do for you, ask what you can do for your "
           "country. My fellow citizens of the world, ask not what America will do for you,")
@@ -77,17 +75,12 @@ def build_pair(tokenizer_name: str, layers: int, assistant_layers: int, n_embd: 
     return tokenizer, model, assistant
 
 
-def timed(fn: Callable[[], list[int]], runs: int) -> tuple[float, list[int], list]:
-    """Median seconds over `runs` calls after one warm-up; the tokens; and each call's return extras."""
-    fn()
-    times, tokens, extras = [], None, []
-    for _ in range(runs):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-        tokens, extra = out if isinstance(out, tuple) else (out, None)
-        extras.append(extra)
-    return statistics.median(times), tokens, extras
+def run_case(fn: Callable[[], list[int]], runs: int) -> tuple[float, list[int], list]:
+    """Median seconds over `runs` calls after one warm-up; the last call's tokens; and each call's extras."""
+    outs: list = []
+    seconds = timed(fn, runs, results=outs)
+    pairs = [out if isinstance(out, tuple) else (out, None) for out in outs]
+    return seconds, pairs[-1][0], [extra for _, extra in pairs]
 
 
 def main() -> None:
@@ -105,6 +98,7 @@ def main() -> None:
     parser.add_argument("--tail-scale", type=float, default=0.3,
                         help="scale of the model's layers past the assistant's (smaller: more agreement)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=str(figure_path("engine")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -138,10 +132,10 @@ def main() -> None:
             return out[0, len(prompt):].tolist()
         return run
 
-    plain_s, plain_tokens, plain_stats = timed(ours_plain, args.runs)
-    hf_plain_s, hf_plain_tokens, _ = timed(hf(), args.runs)
-    assisted_s, assisted_tokens, assisted_stats = timed(ours_assisted, args.runs)
-    hf_assisted_s, hf_assisted_tokens, _ = timed(hf(assistant_model=assistant), args.runs)
+    plain_s, plain_tokens, plain_stats = run_case(ours_plain, args.runs)
+    hf_plain_s, hf_plain_tokens, _ = run_case(hf(), args.runs)
+    assisted_s, assisted_tokens, assisted_stats = run_case(ours_assisted, args.runs)
+    hf_assisted_s, hf_assisted_tokens, _ = run_case(hf(assistant_model=assistant), args.runs)
 
     def overhead_ms(stats_list) -> float:
         per_round = [(s.total_seconds - s.model_seconds - s.assistant_seconds) / s.rounds for s in stats_list]
@@ -149,20 +143,30 @@ def main() -> None:
 
     a = assisted_stats[-1]
     same = plain_tokens == hf_plain_tokens == assisted_tokens == hf_assisted_tokens
-    print(f"model: GPT-2 {args.layers} layers, n_embd {args.n_embd}, vocab {len(tokenizer)}; assistant: first "
-          f"{args.assistant_layers} layers; {n} new tokens, prompt {len(prompt)} tokens; {args.threads} thread(s), "
-          f"{args.device}; median of {args.runs} runs after a warm-up")
-    print(f"acceptance {a.acceptance_rate:.2f}, {a.rounds} rounds, mean accepted length {a.mean_accepted_length:.2f}, "
-          f"{len(set(plain_tokens))} distinct tokens in the output; "
-          f"identical tokens (ours plain, transformers plain, ours assisted, transformers assisted): {same}")
-    print()
-    print("| case | ours (s) | transformers (s) | transformers / ours | ours per-round overhead (ms) |")
-    print("|---|---:|---:|---:|---:|")
-    print(f"| (a) plain greedy | {plain_s:.3f} | {hf_plain_s:.3f} | {hf_plain_s / plain_s:.2f} | "
-          f"{overhead_ms(plain_stats):.2f} |")
-    print(f"| (b) assisted greedy | {assisted_s:.3f} | {hf_assisted_s:.3f} | {hf_assisted_s / assisted_s:.2f} | "
-          f"{overhead_ms(assisted_stats):.2f} |")
-    print(f"| assisted speedup over plain | {plain_s / assisted_s:.2f}x | {hf_plain_s / hf_assisted_s:.2f}x | | |")
+    lines = [(f"model: GPT-2 {args.layers} layers, n_embd {args.n_embd}, vocab {len(tokenizer)}; assistant: first "
+              f"{args.assistant_layers} layers; {n} new tokens, prompt {len(prompt)} tokens; {args.threads} thread(s), "
+              f"{args.device}; median of {args.runs} runs after a warm-up"),
+             (f"acceptance {a.acceptance_rate:.2f}, {a.rounds} rounds, mean accepted length "
+              f"{a.mean_accepted_length:.2f}, {len(set(plain_tokens))} distinct tokens in the output; "
+              f"identical tokens (ours plain, transformers plain, ours assisted, transformers assisted): {same}"),
+             "",
+             "| case | ours (s) | transformers (s) | transformers / ours | ours per-round overhead (ms) |",
+             "|---|---:|---:|---:|---:|",
+             (f"| (a) plain greedy | {plain_s:.3f} | {hf_plain_s:.3f} | {hf_plain_s / plain_s:.2f} | "
+              f"{overhead_ms(plain_stats):.2f} |"),
+             (f"| (b) assisted greedy | {assisted_s:.3f} | {hf_assisted_s:.3f} | {hf_assisted_s / assisted_s:.2f} | "
+              f"{overhead_ms(assisted_stats):.2f} |"),
+             f"| assisted speedup over plain | {plain_s / assisted_s:.2f}x | {hf_plain_s / hf_assisted_s:.2f}x | | |"]
+    print("\n".join(lines))
+    data = {"tokenizer": args.tokenizer, "vocab": len(tokenizer), "layers": args.layers,
+            "assistant_layers": args.assistant_layers, "n_embd": args.n_embd, "new_tokens": n,
+            "prompt_tokens": len(prompt), "device": args.device, "runs": args.runs,
+            "acceptance": a.acceptance_rate, "rounds": a.rounds, "mean_accepted_length": a.mean_accepted_length,
+            "identical_tokens": same,
+            "seconds": {"ours_plain": plain_s, "transformers_plain": hf_plain_s, "ours_assisted": assisted_s,
+                        "transformers_assisted": hf_assisted_s},
+            "overhead_ms": {"plain": overhead_ms(plain_stats), "assisted": overhead_ms(assisted_stats)}}
+    write_figures(args.out, data, "\n".join(lines), command_line())
     if not same:
         for name, tokens in (("transformers plain", hf_plain_tokens), ("ours assisted", assisted_tokens),
                              ("transformers assisted", hf_assisted_tokens)):

@@ -1,7 +1,7 @@
 """GPU checks: per-step costs of real large-model shapes, and fp16/bf16 speed and word parity on real weights.
 
-    python scripts/bench_gpu.py shapes --out shapes.json
-    python scripts/bench_gpu.py shapes --device cpu --dtypes float32 --batches 1 --no-rounds --out cpu.json
+    python scripts/bench_gpu.py shapes                    # -> docs/figures/gpu-shapes.{json,md}
+    python scripts/bench_gpu.py shapes --device cpu --dtypes float32 --batches 1 --no-rounds --out cpu
     python scripts/bench_gpu.py real --model FOLDER --audio clips.npz --out real.json
 
 `shapes` builds large-v3, distil-large-v3 (2 decoder layers) and large-v3-turbo (4) with random weights in
@@ -9,10 +9,12 @@ fp16/bf16 (their speed does not depend on the weights' values; `--family medium.
 and times, through our decoder adapter, the encoder per window and one decoder pass of 1..9 tokens at batch 1
 and 8, then the whole engine round with an identical assistant (everything accepted) against plain greedy,
 which gives the per-round overhead. On a CPU (`--device cpu --dtypes float32 --batches 1 --no-rounds`) the
-same step costs decide what `auto` picks there.
+same step costs decide what `auto` picks there. Writes docs/figures/gpu-shapes.json and .md (with another
+--family, gpu-shapes-FAMILY; `--out` to change).
 `real` transcribes clips (16 kHz float32 arrays in an .npz, references in its `__refs__` entry as JSON) with a
 real model folder on the GPU in float32, float16 and bfloat16, with and without a `self:` assistant, and writes
-every hypothesis; `scripts/gpu_wer.py` scores them here. The device image lacks librosa and soundfile, which only
+every hypothesis to --out (default reports/gpu-real.json); `scripts/gpu_wer.py` scores them here and writes
+the figures (docs/figures/gpu-real.{json,md}). The device image lacks librosa and soundfile, which only
 file decoding needs.
 """
 
@@ -21,9 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+from benchlib import SAMPLE_RATE, command_line, figure_path, timed, write_figures
+
+WIDTHS = (1, 2, 4, 6, 9)
 
 
 def _sync() -> None:
@@ -36,29 +42,20 @@ def _device_name(device: str) -> str:
 
 
 def _timed(fn, repeats: int = 20) -> float:
-    """Median seconds of `fn()` after warm-up, with the device synchronised around each call."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        _sync()
-        start = time.perf_counter()
-        fn()
-        _sync()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    """Median seconds of `fn()` after three warm-ups, with the device synchronised around each call."""
+    return float(timed(fn, repeats, warmup=3, sync=_sync))
 
 
 # Real decoder shapes (random weights): the teacher first, its distil-whisper student last.
 FAMILIES = {
-    "large-v3": (dict(d_model=1280, encoder_layers=32, encoder_attention_heads=20, decoder_attention_heads=20,
-                      encoder_ffn_dim=5120, decoder_ffn_dim=5120, num_mel_bins=128, vocab_size=51866),
+    "large-v3": ({"d_model": 1280, "encoder_layers": 32, "encoder_attention_heads": 20, "decoder_attention_heads": 20,
+                  "encoder_ffn_dim": 5120, "decoder_ffn_dim": 5120, "num_mel_bins": 128, "vocab_size": 51866},
                  [("large-v3", 32), ("turbo", 4), ("distil-large-v3", 2)]),
-    "medium.en": (dict(d_model=1024, encoder_layers=24, encoder_attention_heads=16, decoder_attention_heads=16,
-                       encoder_ffn_dim=4096, decoder_ffn_dim=4096, num_mel_bins=80, vocab_size=51864),
+    "medium.en": ({"d_model": 1024, "encoder_layers": 24, "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+                   "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "num_mel_bins": 80, "vocab_size": 51864},
                   [("medium.en", 24), ("distil-medium.en", 2)]),
-    "small.en": (dict(d_model=768, encoder_layers=12, encoder_attention_heads=12, decoder_attention_heads=12,
-                      encoder_ffn_dim=3072, decoder_ffn_dim=3072, num_mel_bins=80, vocab_size=51864),
+    "small.en": ({"d_model": 768, "encoder_layers": 12, "encoder_attention_heads": 12, "decoder_attention_heads": 12,
+                  "encoder_ffn_dim": 3072, "decoder_ffn_dim": 3072, "num_mel_bins": 80, "vocab_size": 51864},
                  [("small.en", 12), ("distil-small.en", 4)]),
 }
 
@@ -76,7 +73,32 @@ def _rounds(model: torch.nn.Module, draft_model: torch.nn.Module, encoder_output
                                      AssistantDraft(WhisperDecoderAdapter(draft_model, encoder_output))), 3)
     same = _timed(lambda: generate(WhisperDecoderAdapter(model, encoder_output), prompt, options,
                                    AssistantDraft(WhisperDecoderAdapter(model, encoder_output))), 3)
-    return dict(plain_128_tokens_s=plain, distil_random_128_tokens_s=distil, identical_assistant_128_tokens_s=same)
+    return {"plain_128_tokens_s": plain, "distil_random_128_tokens_s": distil, "identical_assistant_128_tokens_s": same}
+
+
+def shapes_table(results: dict) -> str:
+    """Milliseconds per decoder pass by dtype, batch and decoder; the encoder; whole rounds when measured."""
+    lines = [f"{results['device']}, family {results['family']}, random weights; medians, milliseconds.", "",
+             "| dtype | batch | encoder, whole batch | decoder | "
+             + " | ".join(f"{w} token{'s' * (w > 1)}" for w in WIDTHS) + " |", "| --- | ---: | ---: | --- |" + " ---: |" * len(WIDTHS)]
+    rounds = []
+    for dtype_name, entry in results["dtypes"].items():
+        batches = [int(k[len("encoder_b"):-2]) for k in entry if k.startswith("encoder_b")]
+        for batch in batches:
+            names = [k[: -len(f"_b{batch}_w1_ms")] for k in entry if k.endswith(f"_b{batch}_w1_ms")]
+            for name in names:
+                cells = [f"{entry[f'{name}_b{batch}_w{w}_ms']:.2f}" for w in WIDTHS]
+                lines.append(f"| {dtype_name} | {batch} | {1000 * entry[f'encoder_b{batch}_s']:.1f} | {name} | "
+                             + " | ".join(cells) + " |")
+        if "plain_128_tokens_s" in entry:
+            rounds.append(f"| {dtype_name} | {entry['plain_128_tokens_s']:.3f} | "
+                          f"{entry['distil_random_128_tokens_s']:.3f} | "
+                          f"{entry['identical_assistant_128_tokens_s']:.3f} |")
+    if rounds:
+        lines += ["", "128 tokens at batch 1, seconds (k = 5, constant):", "",
+                  "| dtype | plain greedy | random-weight student assisting | identical assistant (all accepted) |",
+                  "| --- | ---: | ---: | ---: |", *rounds]
+    return "\n".join(lines)
 
 
 def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds: bool, family: str) -> None:
@@ -87,7 +109,7 @@ def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds:
 
     shape, decoders = FAMILIES[family]
     teacher, student = decoders[0][0], decoders[-1][0]
-    results: dict = {"device": _device_name(device), "torch": torch.__version__, "family": family}
+    results: dict = {"device": _device_name(device), "family": family, "dtypes": {}}
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
         models = {}
@@ -102,34 +124,36 @@ def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds:
         entry: dict = {}
         for batch in batches:
             encoder_output = encode(models[teacher], features[:batch])
-            entry[f"encoder_b{batch}_s"] = _timed(lambda: encode(models[teacher], features[:batch]), 5)
+            entry[f"encoder_b{batch}_s"] = _timed(
+                lambda m=models[teacher], f=features, b=batch: encode(m, f[:b]), 5)
             for name, model in models.items():
                 adapter = WhisperDecoderAdapter(model, encoder_output)
                 cache = adapter.new_cache(batch)
                 adapter.forward(torch.full((batch, 100), 400, device=device), cache, 1)
-                for width in (1, 2, 4, 6, 9):
+                for width in WIDTHS:
                     ids = torch.full((batch, width), 400, device=device)
 
-                    def step() -> None:
+                    def step(adapter=adapter, cache=cache, ids=ids, width=width) -> None:
                         adapter.crop(cache, 100)
                         adapter.forward(ids, cache, width)
 
                     entry[f"{name}_b{batch}_w{width}_ms"] = 1000 * _timed(step)
         if rounds:
             entry.update(_rounds(models[teacher], models[student], encode(models[teacher], features[:1])))
-        results[dtype_name] = entry
+        results["dtypes"][dtype_name] = entry
         print(dtype_name, json.dumps(entry, indent=1), flush=True)
         models.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1)
+    table = shapes_table(results)
+    print(table)
+    write_figures(out, results, table, command_line())
 
 
 def real(model_dir: str, audio_path: str, out: str, device: str, limit: int | None) -> None:
     from asr.assist.choose import make_assistant
-    from asr.options import TranscribeOptions
     from asr.models.registry import load_model
+    from asr.options import TranscribeOptions
     from asr.transcribe import transcribe, transcribe_many
 
     data = np.load(audio_path)
@@ -137,7 +161,7 @@ def real(model_dir: str, audio_path: str, out: str, device: str, limit: int | No
     # 16-bit PCM in the archive (the recordings are 16-bit), float32 here.
     clips = {key: data[key].astype(np.float32) / 32768 for key in data.files if key != "__refs__"}
     clips = dict(list(clips.items())[:limit]) if limit else clips
-    longform = {k: v for k, v in clips.items() if len(v) > 30 * 16000}
+    longform = {k: v for k, v in clips.items() if len(v) > 30 * SAMPLE_RATE}
     short = {k: v for k, v in clips.items() if k not in longform}
     runs = [("float32", "none", 1), ("float32", "self:bf16", 1), ("float32", "self:fp16", 1),
             ("float16", "none", 1), ("bfloat16", "none", 1), ("float16", "none", 8), ("float32", "none", 8)]
@@ -169,12 +193,12 @@ def real(model_dir: str, audio_path: str, out: str, device: str, limit: int | No
         _sync()
         total = time.perf_counter() - start
         run = {"dtype": dtype_name, "assistant": spec, "batch_size": batch, "seconds": total,
-               "audio_seconds": sum(len(clips[k]) for k in texts) / 16000, "texts": texts, "clip_seconds": seconds,
+               "audio_seconds": sum(len(clips[k]) for k in texts) / SAMPLE_RATE, "texts": texts, "clip_seconds": seconds,
                "stats": stats}
         results["runs"].append(run)
         print(dtype_name, spec, batch, f"{total:.2f} s", flush=True)
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=1))
 
 
 def main() -> None:
@@ -182,7 +206,8 @@ def main() -> None:
     parser.add_argument("mode", choices=["shapes", "real"])
     parser.add_argument("--model")
     parser.add_argument("--audio")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="shapes: figure files OUT.json and OUT.md (default docs/figures/gpu-shapes); "
+                                       "real: the hypotheses' JSON (default reports/gpu-real.json)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--limit", type=int, help="only the first N clips (smoke runs)")
     parser.add_argument("--dtypes", default="float16,bfloat16", help="shapes: comma-separated torch dtypes")
@@ -194,10 +219,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.mode == "shapes":
-        shapes(args.out, args.device, args.dtypes.split(","), [int(b) for b in args.batches.split(",")],
+        name = "gpu-shapes" if args.family == "large-v3" else f"gpu-shapes-{args.family}"
+        shapes(args.out or str(figure_path(name)), args.device, args.dtypes.split(","),
+               [int(b) for b in args.batches.split(",")],
                not args.no_rounds, args.family)
     else:
-        real(args.model, args.audio, args.out, args.device, args.limit)
+        real(args.model, args.audio, args.out or "reports/gpu-real.json", args.device, args.limit)
 
 
 if __name__ == "__main__":

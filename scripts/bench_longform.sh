@@ -5,35 +5,37 @@
 #
 #   scripts/bench_longform.sh [REPORT_DIR] [extra asr eval options]
 #
-# Environment: EVALDATA (default ../shared/evaldata), THREADS (default 2), CONFIGS (--compare values).
+# Environment: EVALDATA (default $ASSISTED_WHISPER_EVALDATA, else ../shared/evaldata), THREADS (default 2),
+# CONFIGS (--compare values). The recordings come from scripts/benchlib.py. Writes no figure files: the report
+# folder holds asr eval's report (docs/figures/draft-longform.md is a copy of one).
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 
 cd "$(dirname "$0")/.."
-EVALDATA=${EVALDATA:-../shared/evaldata}
+EVALDATA=${EVALDATA:-${ASSISTED_WHISPER_EVALDATA:-../shared/evaldata}}
+ASSISTED_WHISPER_EVALDATA=$(cd "$EVALDATA" && pwd)
+export ASSISTED_WHISPER_EVALDATA
 THREADS=${THREADS:-2}
 REPORT=${1:-reports/longform-$(date +%Y%m%d-%H%M)}
 shift || true
 CONFIGS=${CONFIGS:-"greedy auto assisted:self:int8 assisted:self:bf16 assisted:tiny.en transformers transformers-assisted:tiny.en faster-whisper"}
 
 mkdir -p "$REPORT"
-python - "$EVALDATA" "$REPORT" <<'PY'
+PYTHONPATH=scripts python - "$REPORT" <<'PY'
 import json, sys
 from pathlib import Path
 
-import numpy as np
 import soundfile as sf
 
-from audio import load_audio
+from benchlib import EVALDATA, SAMPLE_RATE, VOXPOPULI, longform_rows, sonnets, sonnets_reference
 
-root, report = Path(sys.argv[1]).resolve() / "longform", Path(sys.argv[2])
-rows = {json.loads(line)["audio"]: json.loads(line) for line in (root / "manifest.jsonl").read_text().splitlines()}
-sonnets = np.concatenate([load_audio(root / f"p00{i}.mp3") for i in (1, 2, 3)])
-sf.write(report / "sonnets.wav", sonnets, 16000, subtype="FLOAT")
+report = Path(sys.argv[1])
+sf.write(report / "sonnets.wav", sonnets(), SAMPLE_RATE, subtype="FLOAT")
 items = [
     {"id": "sonnets", "audio": str((report / "sonnets.wav").resolve()), "language": "en", "subset": "longform",
-     "text": " ".join(rows[f"p00{i}.mp3"]["text_body"] for i in (1, 2, 3))},
-    {"id": "voxpopuli", "audio": str(root / "voxpopuli-en-000.ogg"), "language": "en", "subset": "longform",
-     "text": rows["voxpopuli-en-000.ogg"]["text"]},
+     "text": sonnets_reference()},
+    {"id": "voxpopuli", "audio": str(EVALDATA / "longform" / VOXPOPULI), "language": "en", "subset": "longform",
+     "text": longform_rows()[VOXPOPULI]["text"]},
 ]
 (report / "longform.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items))
 PY

@@ -1,7 +1,7 @@
 """`base` with its decoder layers offloaded to disk: pass costs, the resident assistant's step, and end to end.
 
     python scripts/bench_offload.py [--threads 2] [--repeats 2] [--pass-repeats 9]
-        [--configs memory:none,disk:none,disk:auto] [--readers read,mmap,accelerate] [--out docs/offload.json]
+        [--configs memory:none,disk:none,disk:auto] [--readers read,mmap,accelerate] [--out docs/figures/offload]
 
 1. Per-pass cost, one process, configurations interleaved: the model's decoder in memory and offloaded to
    disk through each reader (`asr.models.layer_store.READERS`) with and without prefetching the next layer, and
@@ -12,25 +12,33 @@
    wall time of `transcribe` after a 2 s warm-up, whether the words equal in-memory plain greedy's, and the
    process's peak resident memory (VmHWM) after loading and at the end.
 
-Writes JSON to --out and the Markdown tables between the `bench` markers of docs/offload.md.
+Writes docs/figures/offload.json and docs/figures/offload.md, both tables (`--out` to change; `--render`
+rewrites OUT.md from OUT.json); each end-to-end run is also appended to OUT.runs.jsonl as it ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-EVALDATA = REPO.parent / "shared" / "evaldata"
+from benchlib import (
+    REPO,
+    SAMPLE_RATE,
+    command_line,
+    figure_path,
+    figure_stem,
+    rewrite_markdown,
+    sonnets,
+    write_figures,
+)
+
 WIDTHS = (1, 2, 4, 8, 12, 16)
 CACHED = 100
-MARKERS = ("<!-- bench:start -->", "<!-- bench:end -->")
 
 
 def _peak_mb() -> dict[str, float]:
@@ -83,26 +91,24 @@ def pass_costs(readers: list[str], repeats: int) -> dict:
 
 def child(config: str, threads: int) -> None:
     """One end-to-end run in this process; prints one JSON line."""
-    import numpy as np
     import torch
 
     from asr.assist.choose import make_assistant
-    from asr.options import TranscribeOptions
     from asr.models.registry import load_model
+    from asr.options import TranscribeOptions
     from asr.transcribe import transcribe
-    from audio import load_audio
 
     torch.set_num_threads(threads)
     place, spec, *drafting = config.split(":")
     options = TranscribeOptions(schedule=drafting[0], num_assistant_tokens=int(drafting[1])) if drafting \
         else TranscribeOptions()
-    audio = np.concatenate([load_audio(EVALDATA / "longform" / f"p00{i}.mp3") for i in (1, 2, 3)])
+    audio = sonnets()
     start = time.perf_counter()
     bundle = load_model("base", offload=_offload(place))
     assistant = make_assistant(spec, bundle)
     loaded = time.perf_counter() - start
     after_load = _peak_mb()
-    transcribe(bundle, audio[: 2 * 16000], options, assistant)  # warm-up
+    transcribe(bundle, audio[: 2 * SAMPLE_RATE], options, assistant)  # warm-up
     start = time.perf_counter()
     result = transcribe(bundle, audio, options, assistant)
     seconds = time.perf_counter() - start
@@ -152,9 +158,7 @@ def summarize(runs: list[dict], configs: list[str]) -> list[dict]:
 
 def markdown(result: dict) -> str:
     passes, rows = result["pass_ms"], result["end_to_end"]
-    lines = [f"`{result['command']}` — {result['cpu']}, {result['threads']} threads, torch {result['torch']}, "
-             f"{result['date']}.", "",
-             f"Milliseconds per decoder pass of `base` over k new tokens after {CACHED} cached ones (medians):", "",
+    lines = [f"Milliseconds per decoder pass of `base` over k new tokens after {CACHED} cached ones (medians):", "",
              "| decoder | " + " | ".join(f"k={w}" for w in WIDTHS) + " |",
              "| --- | " + " | ".join("---:" for _ in WIDTHS) + " |"]
     for name, by_width in passes.items():
@@ -162,11 +166,11 @@ def markdown(result: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     memory = next(r for r in rows if r["config"].startswith("memory:none"))
     plain = {r["config"].split(":")[0]: r for r in rows if r["config"].split(":")[1] == "none"}
-    lines += ["", "The sonnets (158 s), each configuration in its own process, medians of "
-              f"{len(rows[0]['seconds'])} interleaved runs:", "",
-              "| configuration | assistant, drafting | median s | runs s | time / in-memory greedy's "
-              "| speed-up over greedy, same placement | same words | model passes / tokens | acceptance "
-              "| peak RSS MB (after audio and load) |",
+    lines += ["", (f"The sonnets (158 s), each configuration in its own process, medians of "
+                   f"{len(rows[0]['seconds'])} interleaved runs:"), "",
+              ("| configuration | assistant, drafting | median s | runs s | time / in-memory greedy's "
+               "| speed-up over greedy, same placement | same words | model passes / tokens | acceptance "
+               "| peak RSS MB (after audio and load) |"),
               "| --- | --- | ---: | --- | ---: | ---: | --- | --- | ---: | ---: |"]
     for r in rows:
         versus = f"{r['median_seconds'] / memory['median_seconds']:.2f}"
@@ -181,13 +185,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
@@ -195,17 +192,15 @@ def main() -> None:
     parser.add_argument("--pass-repeats", type=int, default=9)
     parser.add_argument("--configs", default="memory:none,disk:none,disk:auto")
     parser.add_argument("--readers", default="read,mmap,accelerate")
-    parser.add_argument("--out", default=str(REPO / "docs" / "offload.json"))
-    parser.add_argument("--doc", default=str(REPO / "docs" / "offload.md"))
-    parser.add_argument("--render", default=None, metavar="JSON",
-                        help="Only rewrite --doc's tables from an earlier run's JSON.")
+    parser.add_argument("--out", default=str(figure_path("offload")), help="writes OUT.json and OUT.md")
+    parser.add_argument("--render", action="store_true", help="only rewrite OUT.md from OUT.json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.threads)
         return
     if args.render:
-        _write_doc(Path(args.doc), markdown(json.loads(Path(args.render).read_text())))
+        rewrite_markdown(args.out, markdown)
         return
     import torch
 
@@ -216,26 +211,16 @@ def main() -> None:
     passes = pass_costs(args.readers.split(","), args.pass_repeats)
     for name, by_width in passes.items():
         print(f"{name:28s} " + "  ".join(f"{w}:{ms:.1f}" for w, ms in by_width.items()), flush=True)
-    runs = end_to_end(configs, args.repeats, args.threads, Path(args.out).with_suffix(".runs.jsonl"))
+    out = figure_stem(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs = end_to_end(configs, args.repeats, args.threads, Path(f"{out}.runs.jsonl"))
     result = {
-        "command": "python scripts/bench_offload.py " + " ".join(sys.argv[1:]), "cpu": _cpu(),
-        "threads": args.threads, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "pass_ms": {name: {str(w): ms for w, ms in by_width.items()} for name, by_width in passes.items()},
         "end_to_end": summarize(runs, configs), "runs": [{k: v for k, v in r.items() if k != "text"} for r in runs],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
     table = markdown(result)
     print(table)
-    _write_doc(Path(args.doc), table)
-
-
-def _write_doc(doc: Path, table: str) -> None:
-    """Puts `table` between the bench markers of `doc` (left alone when it has none)."""
-    if doc.is_file() and all(m in doc.read_text() for m in MARKERS):
-        text = doc.read_text()
-        head, rest = text.split(MARKERS[0], 1)
-        doc.write_text(f"{head}{MARKERS[0]}\n{table}\n{MARKERS[1]}{rest.split(MARKERS[1], 1)[1]}")
+    write_figures(out, result, table, command_line())
 
 
 if __name__ == "__main__":

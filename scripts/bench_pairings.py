@@ -1,9 +1,11 @@
 """Side-by-side timing of every assistant available here on the sonnets (158 s), ours only, interleaved.
 
     python scripts/bench_pairings.py [--repeats 2] [--threads 2] [--specs none,self:int8,self:bf16,tiny.en,self]
+        [--out docs/figures/pairings]
 
 Prints, per run, wall time, encoder / model / assistant seconds, acceptance and model passes per token, and
-at the end the median wall time and speed-up against plain greedy. `scripts/bench_longform.sh` adds
+at the end the median wall time and speed-up against plain greedy, a table also written to
+docs/figures/pairings.json and docs/figures/pairings.md (`--out` to change). `scripts/bench_longform.sh` adds
 transformers' and faster-whisper's figures through `asr eval`.
 """
 
@@ -11,17 +13,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from benchlib import SAMPLE_RATE, command_line, figure_path, sonnets, write_figures
 
 from asr.assist.choose import make_assistant
 from asr.models.registry import load_model
 from asr.transcribe import transcribe
-from audio import load_audio
-
-EVALDATA = Path(__file__).resolve().parents[2] / "shared" / "evaldata"
 
 
 def main() -> None:
@@ -29,13 +28,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--specs", default="none,self:int8,self:bf16,tiny.en,self")
+    parser.add_argument("--out", default=str(figure_path("pairings")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bundle = load_model("base")
-    audio = np.concatenate([load_audio(EVALDATA / "longform" / f"p00{i}.mp3") for i in (1, 2, 3)])
+    audio = sonnets()
     specs = args.specs.split(",")
     assistants = {spec: make_assistant(spec, bundle) for spec in specs}
-    transcribe(bundle, audio[: 16000 * 20])  # warm-up
+    transcribe(bundle, audio[: SAMPLE_RATE * 20])  # warm-up
     times: dict[str, list[float]] = {spec: [] for spec in specs}
     reference = None
     for repeat in range(args.repeats):
@@ -50,10 +50,15 @@ def main() -> None:
                   f"acceptance {g.acceptance_rate:.3f}  passes/token {g.model_forward_passes / g.generated_tokens:.3f}",
                   flush=True)
     base = float(np.median(times[specs[0]]))
-    print("\n| assistant | median s | RTF | speed-up |\n| --- | --- | --- | --- |")
+    lines = ["| assistant | median s | RTF | speed-up |", "| --- | --- | --- | --- |"]
     for spec in specs:
         median = float(np.median(times[spec]))
-        print(f"| {spec} | {median:.2f} | {median / (len(audio) / 16000):.3f} | {base / median:.2f}x |")
+        lines.append(f"| {spec} | {median:.2f} | {median / (len(audio) / SAMPLE_RATE):.3f} | {base / median:.2f}x |")
+    print("\n" + "\n".join(lines))
+    caption = f"The sonnets ({len(audio) / SAMPLE_RATE:.0f} s), medians of {args.repeats} interleaved runs."
+    table = caption + "\n\n" + "\n".join(lines)
+    write_figures(args.out, {"repeats": args.repeats, "audio_seconds": len(audio) / SAMPLE_RATE, "seconds": times},
+                  table, command_line())
 
 
 if __name__ == "__main__":

@@ -9,25 +9,23 @@ the `base-draft` and `self:int8` assistants. Configurations are measured in turn
 figure is the median over rounds, so a machine that slows down mid-run slows all of them alike. The encoder
 output comes from noise: the speed does not depend on what the audio says.
 
-Writes OUT.json and OUT.md (the table in docs/precision.md).
+Writes docs/figures/precision-steps.json and docs/figures/precision-steps.md (the table in docs/precision.md;
+`--out` to change).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
-import time
-from pathlib import Path
 
 import torch
+from benchlib import command_line, figure_path, timed, write_figures
 
 from asr.assist.choose import make_assistant
 from asr.decoder import WhisperDecoderAdapter
-from asr.window import encode
 from asr.models.precision import INT8, native_bfloat16
 from asr.models.registry import load_model
+from asr.window import encode
 from decoding.kernels import reference_kernels
 
 WIDTHS = (1, 6, 11)
@@ -35,11 +33,8 @@ PROMPT = [50258, 50259, 50359, 50364]
 
 
 def timed_ms(fn, repeats: int) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats * 1000
+    """Milliseconds per call: one warm-up, then `repeats` calls back to back."""
+    return 1000 * timed(fn, repeats, mean=True)
 
 
 class Setup:
@@ -86,7 +81,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=Path("docs/figures/precision-steps"))
+    parser.add_argument("--out", default=str(figure_path("precision-steps")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     configs = [("float32, PyTorch kernels", torch.float32, True), ("float32", torch.float32, False)]
@@ -100,32 +95,16 @@ def main() -> None:
             rounds[setup.name].append(setup.measure(args.repeats))
     figures = {name: {key: round(statistics.median(r[key] for r in runs), 2) for key in runs[0]}
                for name, runs in rounds.items()}
-    cpu = _cpu_name()
-    report = {"command": "python scripts/bench_precision.py " + f"--threads {args.threads} --rounds {args.rounds}",
-              "cpu": cpu, "threads": args.threads, "torch": torch.__version__,
-              "native_bfloat16": native_bfloat16(), "figures": figures}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    report = {"rounds": args.rounds, "repeats": args.repeats, "native_bfloat16": native_bfloat16(), "figures": figures}
     columns = ["encoder_ms", *(f"pass_{w}_ms" for w in WIDTHS), "draft_base-draft_ms", "draft_self:int8_ms"]
     heads = ["encoder (window)", *(f"pass, {w} token{'s' * (w > 1)}" for w in WIDTHS), "base-draft step",
              "self:int8 step"]
-    lines = [f"`{report['command']}` on {cpu}, {args.threads} threads, torch {torch.__version__}; milliseconds, "
-             f"medians of {args.rounds} interleaved rounds.", "",
+    lines = [f"Milliseconds, medians of {args.rounds} interleaved rounds.", "",
              "| configuration | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for name, row in figures.items():
         lines.append(f"| {name} | " + " | ".join(f"{row[c]:.1f}" for c in columns) + " |")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_figures(args.out, report, "\n".join(lines), command_line())
     print("\n".join(lines))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Long files: sequential greedy against `--vad` and `--batch-size`, and faster-whisper's batched pipeline.
 
-    python scripts/bench_vad.py [--repeats 1] [--threads 2] [--batch-size 8] [--out docs/bench-vad]
+    python scripts/bench_vad.py [--repeats 1] [--threads 2] [--batch-size 8] [--out docs/figures/vad]
 
 Recordings (English, with references, from ../shared/evaldata/longform): the three sonnets joined (158 s), the
 VoxPopuli speech (69 s), and a ~10-minute file made of those pieces one after another with pauses of 2-8 s
@@ -8,36 +8,43 @@ between them, repeated. Model `base`, fp32 on the CPU, language given (en), gree
 Per recording and repeat the configurations run one after the other in a rotating order (interleaved), after
 a warm-up of each on the first 30 s; the table gives medians over repeats, WER with the project's normaliser,
 and the speed-up against sequential greedy on the same recording. Silero VAD's own cost is measured apart for
-its three backends on the same audio. Writes OUT.json and OUT.md (`--render` rewrites OUT.md from OUT.json).
+its three backends on the same audio.
+
+Writes docs/figures/vad.json, docs/figures/vad.md (all three tables) and docs/figures/vad-summary.md (the
+summary alone, for the README) (`--out` to change; `--render` rewrites the .md files from OUT.json), after
+each recording, so a run killed midway keeps what it finished.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-EVALDATA = REPO.parent / "shared" / "evaldata"
-SAMPLE_RATE = 16000
+from benchlib import (
+    SAMPLE_RATE,
+    SONNETS,
+    VOXPOPULI,
+    command_line,
+    figure_path,
+    figure_stem,
+    load,
+    longform_rows,
+    markdown_page,
+    read_figures,
+    rewrite_markdown,
+    write_figures,
+)
 
 
 def recordings() -> dict[str, tuple[np.ndarray, str]]:
     """name -> (samples, reference)."""
-    from audio import load_audio
-
-    root = EVALDATA / "longform"
-    rows = {json.loads(line)["audio"]: json.loads(line) for line in (root / "manifest.jsonl").read_text().splitlines()
-            if line.strip()}
-    pieces = [(load_audio(root / f"p00{i}.mp3"), rows[f"p00{i}.mp3"]["text_body"]) for i in (1, 2, 3)]
-    vox = (load_audio(root / "voxpopuli-en-000.ogg"), rows["voxpopuli-en-000.ogg"]["text"])
+    rows = longform_rows()
+    pieces = [(load(f"longform/{name}"), rows[name]["text_body"]) for name in SONNETS]
+    vox = (load(f"longform/{VOXPOPULI}"), rows[VOXPOPULI]["text"])
     sonnets = (np.concatenate([p[0] for p in pieces]), " ".join(p[1] for p in pieces))
     # ~10 minutes: every piece in turn with a pause of 2, 4, 6 or 8 s after it (silence and light noise, as
     # between the takes of a recording), until 600 s.
@@ -117,18 +124,18 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--only", default=None, help="comma-separated recordings (default: all three)")
     parser.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
-    parser.add_argument("--out", default=str(REPO / "docs" / "bench-vad"), help="writes OUT.json and OUT.md")
+    parser.add_argument("--out", default=str(figure_path("vad")), help="writes OUT.json and OUT.md")
     parser.add_argument("--render", action="store_true", help="only rewrite OUT.md from OUT.json")
     args = parser.parse_args()
     if args.render:
-        out = Path(args.out)
-        out.with_suffix(".md").write_text(render(json.loads(out.with_suffix(".json").read_text())))
+        rewrite_markdown(args.out, render)
+        write_summary(args.out)
         return
 
     import torch
 
-    from asr.options import TranscribeOptions
     from asr.models.registry import load_model
+    from asr.options import TranscribeOptions
     from audio.vad import VadOptions
     from eval.wer import error_counts
 
@@ -193,59 +200,52 @@ def summary(runs: list[dict], names: list[str], recordings: list[str]) -> list[d
 
 
 def write(args, runs: list[dict], vad_rows: list[dict], names: list[str], audios: dict) -> None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import torch
-    import transformers
-
-    try:
-        fw_version = version("faster-whisper")
-    except PackageNotFoundError:
-        fw_version = "not installed"
-
-    rows = summary(runs, names, list(audios))
-    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True)
-                .stdout.splitlines() if line.startswith("Model name")), platform.processor())
-    meta = {"command": " ".join(["python", "scripts/bench_vad.py", *sys.argv[1:]]), "cpu": cpu,
-            "threads": args.threads, "repeats": args.repeats, "torch": torch.__version__,
-            "transformers": transformers.__version__, "faster_whisper": fw_version,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    data = {"run": meta, "summary": rows, "runs": [{k: v for k, v in r.items() if k != "text"} for r in runs],
-            "vad": vad_rows}
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-    out.with_suffix(".md").write_text(render(data))
-    print(render(data), file=sys.stderr)
+    data = {"repeats": args.repeats, "summary": summary(runs, names, list(audios)),
+            "runs": [{k: v for k, v in r.items() if k != "text"} for r in runs], "vad": vad_rows}
+    table = render(data)
+    write_figures(args.out, data, table, command_line())
+    write_summary(args.out)
+    print(table, file=sys.stderr)
 
 
 def render(data: dict) -> str:
     """The Markdown tables of a run's JSON: everything, then the short summary that the README quotes."""
-    meta, rows = data["run"], data["summary"]
-    lines = [f"Generated by `{meta['command']}` on {meta['cpu']}, {meta['threads']} threads, torch {meta['torch']}, "
-             f"transformers {meta['transformers']}, faster-whisper {meta['faster_whisper']}, {meta['date']}; "
-             f"medians of {meta['repeats']} interleaved repeat(s). Model `base`, fp32 unless named, language en.", "",
-             "| recording | configuration | s | RTF | speed-up vs sequential | WER | segments | median / max segment s "
-             "| tokens | windows |",
+    rows = data["summary"]
+    lines = [f"Medians of {data['repeats']} interleaved repeat(s). Model `base`, fp32 unless named, language en.", "",
+             ("| recording | configuration | s | RTF | speed-up vs sequential | WER | segments "
+              "| median / max segment s | tokens | windows |"),
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['recording']} ({r['audio_seconds']:.0f} s) | {r['config']} | {r['seconds']:.2f} | "
                      f"{r['rtf']:.4f} | {r['speedup']:.2f}x | {100 * r['wer']:.2f} % | {r['segments']} | "
                      f"{r['median_segment_s']:.1f} / {r['max_segment_s']:.1f} | {r['tokens']} | "
                      f"{'-' if r['windows'] is None else r['windows']} |")
-    recordings = list(dict.fromkeys(r["recording"] for r in rows))
-    lines += ["", "Summary: speed-up against sequential greedy on the same recording (WER in brackets).", "",
-              "| configuration | " + " | ".join(recordings) + " |",
-              "| --- |" + " ---: |" * len(recordings)]
-    for name in dict.fromkeys(r["config"] for r in rows):
-        cells = [next(f"{r['speedup']:.2f}x ({100 * r['wer']:.1f} %)" for r in rows
-                      if r["config"] == name and r["recording"] == recording) for recording in recordings]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Silero VAD alone (the batched mode's rules), seconds and RTF:", "",
+    lines += ["", summary_table(data).rstrip("\n"), "", "Silero VAD alone (the batched mode's rules), seconds and RTF:", "",
               "| recording | backend | s | RTF | regions |", "| --- | --- | ---: | ---: | ---: |"]
     for r in data["vad"]:
         lines.append(f"| {r['recording']} | {r['backend']} | {r['seconds']:.3f} | {r['rtf']:.4f} | {r['regions']} |")
     return "\n".join(lines) + "\n"
+
+
+def summary_table(data: dict) -> str:
+    """The short summary that the README quotes (also written apart, as OUT-summary.md)."""
+    rows = data["summary"]
+    recordings = list(dict.fromkeys(r["recording"] for r in rows))
+    lines = ["Summary: speed-up against sequential greedy on the same recording (WER in brackets).", "",
+             "| configuration | " + " | ".join(recordings) + " |",
+             "| --- |" + " ---: |" * len(recordings)]
+    for name in dict.fromkeys(r["config"] for r in rows):
+        cells = [next(f"{r['speedup']:.2f}x ({100 * r['wer']:.1f} %)" for r in rows
+                      if r["config"] == name and r["recording"] == recording) for recording in recordings]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(out: str) -> None:
+    """OUT-summary.md: the summary table alone under the run's command and machine (from OUT.json)."""
+    data = read_figures(out)
+    page = markdown_page(data["command"], data["machine"], summary_table(data))
+    Path(f"{figure_stem(out)}-summary.md").write_text(page)
 
 
 if __name__ == "__main__":

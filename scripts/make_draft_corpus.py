@@ -6,17 +6,22 @@ docstrings (Python Software Foundation License), filtered to plain words a synth
 the Python whose library to read:
 
     python scripts/make_draft_corpus.py
+
+Measures nothing and writes no figure files; it writes the corpus only.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import random
 import re
 import sysconfig
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "asr" / "distill" / "corpus.txt"
+from benchlib import REPO
+
+OUT = REPO / "asr" / "distill" / "corpus.txt"
 PLAIN = re.compile(r"[A-Z][A-Za-z ,.;:'?!-]+[.?!]")
 LIMIT = 12000
 
@@ -41,6 +46,9 @@ def docstrings(path: Path) -> list[str]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=OUT, help="where to write the corpus")
+    args = parser.parse_args()
     import pydoc_data.topics
 
     found = [s for text in pydoc_data.topics.topics.values() for s in sentences(text)]
@@ -52,8 +60,8 @@ def main() -> None:
             found += sentences(doc)
     unique = sorted(set(found))
     random.Random(0).shuffle(unique)
-    OUT.write_text("\n".join(unique[:LIMIT]) + "\n")
-    print(f"{min(len(unique), LIMIT)} sentences of {len(unique)} -> {OUT}")
+    args.out.write_text("\n".join(unique[:LIMIT]) + "\n")
+    print(f"{min(len(unique), LIMIT)} sentences of {len(unique)} -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,17 @@
 #
 #   scripts/run_eval.sh [REPORT_DIR] [extra asr eval options, e.g. --limit 10]
 #
-# Environment: EVALDATA (default ../shared/evaldata), MODEL (default base), THREADS (default 2),
-# CONFIGS (space-separated --compare values; default below). faster-whisper is skipped when not installed.
+# Environment: EVALDATA (default $ASSISTED_WHISPER_EVALDATA, else ../shared/evaldata), MODEL (default base),
+# THREADS (default 2), CONFIGS (space-separated --compare values; default below). faster-whisper is skipped
+# when not installed. The manifest comes from scripts/benchlib.py (wer_items). Writes no figure files: the
+# report folder holds asr eval's report.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 
 cd "$(dirname "$0")/.."
-EVALDATA=${EVALDATA:-../shared/evaldata}
+EVALDATA=${EVALDATA:-${ASSISTED_WHISPER_EVALDATA:-../shared/evaldata}}
+ASSISTED_WHISPER_EVALDATA=$(cd "$EVALDATA" && pwd)
+export ASSISTED_WHISPER_EVALDATA
 MODEL=${MODEL:-base}
 THREADS=${THREADS:-2}
 REPORT=${1:-reports/eval-$(date +%Y%m%d-%H%M)}
@@ -19,22 +24,16 @@ CONFIGS=${CONFIGS:-"greedy assisted:self:int8 assisted:self:bf16 assisted:tiny.e
 mkdir -p "$REPORT"
 MANIFEST="$REPORT/english.jsonl"
 # One manifest of the English WER items, with absolute paths and the folder as subset.
-python - "$EVALDATA" "$MANIFEST" <<'EOF'
+PYTHONPATH=scripts python - "$MANIFEST" <<'EOF'
 import json, sys
 from pathlib import Path
 
-root, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
-rows = []
-for folder in ("librispeech", "ljspeech", "fleurs", "clips", "spontaneous", "longform"):
-    manifest = root / folder / "manifest.jsonl"
-    if not manifest.is_file():
-        print(f"run_eval: {manifest} not found, left out", file=sys.stderr)
-        continue
-    for line in manifest.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line) if line.strip() else None
-        if row and row.get("language") == "en" and row.get("eval_use") == "wer":
-            rows.append({"id": f"{folder}/{row['audio']}", "audio": str(root / folder / row["audio"]),
-                         "text": row["text"], "language": "en", "subset": folder})
+from benchlib import wer_items
+
+out = Path(sys.argv[1])
+folders = ("librispeech", "ljspeech", "fleurs", "clips", "spontaneous", "longform")
+rows = [{k: item[k] for k in ("id", "audio", "text", "language", "subset")}
+        for item in wer_items(folders, skip_missing=True)]
 out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 print(f"run_eval: {len(rows)} items in {out}", file=sys.stderr)
 EOF

@@ -12,6 +12,17 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 EVALDATA = REPO.parent / "shared" / "evaldata"
 SAMPLES = REPO / "samples"
+# Fixtures that load the real packaged models: a test that uses one is marked `slow` (pytest_collection_modifyitems).
+REAL_MODEL_FIXTURES = frozenset({"base", "tiny_en"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks `slow` every test that needs real weights through a fixture, so `-m "not slow"` needs none.
+
+    A test that loads real weights itself (`load_model("base")`) carries an explicit `@pytest.mark.slow`."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def evaldata(*parts: str) -> Path:
@@ -87,3 +98,57 @@ def tiny_whisper_in(folder: Path, seed: int) -> Path:
 def tiny_whisper_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`tiny_whisper_in` with seed 3."""
     return tiny_whisper_in(tmp_path_factory.mktemp("tiny-whisper"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def other_tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second random tiny Whisper (seed 11, base's tokenizer): an assistant that almost never agrees."""
+    return tiny_whisper_in(tmp_path_factory.mktemp("other-tiny-whisper"), seed=11)
+
+
+# A scripted Whisper's words, and the tokens it says for them: <|0.00|> hello world <|1.00|> end-of-text.
+SCRIPTED_TEXT = " hello world"
+TRANSCRIBE, EOT, NO_TIMESTAMPS, TIMESTAMP_BEGIN = 50359, 50257, 50363, 50364
+
+
+def scripted_whisper_in(folder: Path) -> Path:
+    """A tiny Whisper that says `SCRIPTED_TEXT` from 0.00 s to 1.00 s in every window, sure of every token.
+
+    Its decoder layers add nothing, so each position's logits depend on its own token only (no positions, no
+    audio, no earlier text), and the embeddings chain <|transcribe|> -> <|0.00|> -> hello -> world -> <|1.00|> ->
+    end-of-text with a logit of ~40 against 0. It passes openai-whisper's checks at temperature 0 (log-probability
+    ~0, short text), so it decodes a window in six passes: a fast model with real text for the commands."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.test_ct2 import tiny_whisper
+    from tests.test_registry import save_processor
+
+    save_processor(folder)
+    words = PreTrainedTokenizerFast.from_pretrained(folder).encode(SCRIPTED_TEXT, add_special_tokens=False)
+    chain = [TRANSCRIBE, TIMESTAMP_BEGIN, *words, TIMESTAMP_BEGIN + 50, EOT]
+    assert len(set(chain)) == len(chain), "a token may appear once: it has one successor"
+    # Without timestamps the prompt ends in <|notimestamps|>: the words follow it directly.
+    edges = [*zip(chain, chain[1:]), (NO_TIMESTAMPS, words[0])]
+    model = tiny_whisper(seed=0, tie_word_embeddings=False)
+    decoder = model.model.decoder
+    with torch.no_grad():
+        for layer in decoder.layers:
+            for linear in (layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc2):
+                linear.weight.zero_()
+                linear.bias.zero_()
+        decoder.embed_positions.weight.zero_()
+        decoder.layer_norm.weight.fill_(1.0)
+        decoder.layer_norm.bias.zero_()
+        decoder.embed_tokens.weight.zero_()
+        model.proj_out.weight.zero_()
+        for i, (token, successor) in enumerate(edges):
+            decoder.embed_tokens.weight[token, i] = 10.0
+            model.proj_out.weight[successor, i] = 5.0
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def scripted_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`scripted_whisper_in` in a module's temporary folder."""
+    return scripted_whisper_in(tmp_path_factory.mktemp("scripted-whisper"))

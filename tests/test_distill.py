@@ -32,6 +32,7 @@ def distilled(tiny_whisper_folder: Path, tmp_path_factory: pytest.TempPathFactor
     return out
 
 
+@pytest.mark.slow  # trains a draft (the `distilled` fixture)
 def test_distill_writes_a_draft_folder_with_its_report(distilled: Path) -> None:
     report = json.loads(distilled.joinpath("draft.json").read_text())
     assert report["format"] == "assisted-whisper-draft" and report["teacher_layers"] == [1]
@@ -46,6 +47,7 @@ def test_distill_writes_a_draft_folder_with_its_report(distilled: Path) -> None:
     assert not distilled.with_name("draft.partial").exists()
 
 
+@pytest.mark.slow  # trains a draft (the `distilled` fixture)
 def test_a_distilled_draft_gives_the_models_words(tiny_whisper_folder: Path, distilled: Path) -> None:
     # Greedy only: a random model fails every fallback check, and sampled windows keep the model's
     # distribution (speculative sampling), not its exact draws.
@@ -98,11 +100,13 @@ def test_a_restricted_draft_proposes_only_its_tokens(tiny_whisper_folder: Path) 
     assert torch.allclose(restricted[..., vocabulary], full[..., vocabulary], atol=1e-5)
 
 
+@pytest.mark.slow  # trains a draft (the `distilled` fixture)
 def test_a_draft_refuses_a_model_it_was_not_trained_for(distilled: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="was trained for model"):
         load_draft(distilled, tiny_whisper(seed=4))
 
 
+@pytest.mark.slow  # trains a draft (the `distilled` fixture)
 def test_an_interrupted_run_resumes_from_its_work_folder(tiny_whisper_folder: Path, distilled: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "work"
@@ -125,15 +129,15 @@ def test_an_interrupted_run_resumes_from_its_work_folder(tiny_whisper_folder: Pa
     assert result.exit_code == 1 and "holds data of another recipe" in result.output
 
 
-def test_bad_input_gets_one_line(tiny_whisper_folder: Path, distilled: Path, tmp_path: Path,
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_input_gets_one_line(tiny_whisper_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def one_line(result) -> str:
         assert result.exit_code != 0
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert len(lines) == 1, result.output
         return lines[0]
 
-    assert "exists" in one_line(run(str(tiny_whisper_folder), "-o", str(distilled), "--audio", str(SAMPLES)))
+    (tmp_path / "draft").mkdir()
+    assert "exists" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "draft"), "--audio", str(SAMPLES)))
     assert "nothing to train on" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "a")))
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -145,6 +149,7 @@ def test_bad_input_gets_one_line(tiny_whisper_folder: Path, distilled: Path, tmp
     assert "needs a speech synthesiser" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "d"), "--tts"))
 
 
+@pytest.mark.slow  # synthesises speech and trains a draft
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
 def test_distill_on_synthesised_speech(tiny_whisper_folder: Path, tmp_path: Path) -> None:
     result = run(str(tiny_whisper_folder), "-o", str(tmp_path / "draft"), "--tts", "--tts-minutes", "0.3", "--steps", "3")

@@ -12,7 +12,7 @@ import jiwer
 import pytest
 from click.testing import CliRunner
 
-from eval.backends import Decoded
+from eval.backends import Decoded, LibraryBackend
 from asr.cli.eval import eval_command
 from eval.configs import EvalConfig, parse_config, parse_configs
 from eval.metrics import summarize
@@ -124,6 +124,10 @@ def test_report_folder_from_a_summary(tmp_path: Path) -> None:
     ("batched:8,assistant=self:int8", EvalConfig("batched:8,assistant=self:int8", "batched", "self:int8",
                                                  batch_size=8)),
     ("batched:4,timestamps=off", EvalConfig("batched:4,timestamps=off", "batched", batch_size=4, timestamps=False)),
+    ("beam:5", EvalConfig("beam:5", "beam", beam_size=5, best_of=5)),
+    ("faster-whisper,beam=5", EvalConfig("faster-whisper,beam=5", "faster-whisper", beam_size=5)),
+    ("beam:4,best_of=2,patience=1.5,vad", EvalConfig("beam:4,best_of=2,patience=1.5,vad", "beam", vad=True,
+                                                      beam_size=4, best_of=2, patience=1.5)),
     ("faster-whisper,batched=8", EvalConfig("faster-whisper,batched=8", "faster-whisper", batch_size=8)),
     ("greedy,dtype=int8", EvalConfig("greedy,dtype=int8", "greedy", dtype="int8")),
     ("assisted:base-draft:int8,dtype=int8,kernels=aten", EvalConfig(
@@ -135,7 +139,15 @@ def test_configurations_parse(text: str, expected: EvalConfig) -> None:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("beam", "unknown configuration"),
+    ("sampling", "unknown configuration"),
+    ("beam", "beam size \\(beam:N\\) must be a whole number >= 1"),
+    ("beam:0", "must be a whole number >= 1"),
+    ("beam:5,best_of=0", "best_of must be a whole number >= 1"),
+    ("beam:5,patience=0", "patience must be a number > 0"),
+    ("beam:5,assistant=tiny.en", "unknown option 'assistant' for beam"),
+    ("greedy,patience=2", "unknown option 'patience' for greedy"),
+    ("faster-whisper,beam=0", "beam must be a whole number >= 1"),
+    ("faster-whisper,best_of=2", "unknown option 'best_of' for faster-whisper"),
     ("assisted", "needs an assistant"),
     ("greedy:tiny.en", "takes no assistant"),
     ("assisted:tiny.en,k=0", "k must be"),
@@ -156,6 +168,14 @@ def test_configurations_parse(text: str, expected: EvalConfig) -> None:
 def test_bad_configurations_say_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_config(text)
+
+
+def test_a_beam_configuration_decodes_with_openai_whispers_search() -> None:
+    options = LibraryBackend(parse_config("beam:5"), bundle=None, assistant=None).options
+    assert (options.beam_size, options.best_of, options.patience, options.beam_search) == (5, 5, None, True)
+    options = LibraryBackend(parse_config("beam:3,best_of=1,patience=2"), bundle=None, assistant=None).options
+    assert (options.beam_size, options.best_of, options.patience) == (3, 1, 2.0)
+    assert LibraryBackend(parse_config("greedy"), bundle=None, assistant=None).options.beam_size is None
 
 
 def test_a_configuration_given_twice_is_refused() -> None:
@@ -243,8 +263,8 @@ def test_a_missing_source_fails_cleanly(tmp_path: Path) -> None:
 
 
 def test_a_bad_configuration_fails_before_any_model_loads(tmp_path: Path) -> None:
-    result = _invoke(str(SAMPLES / "manifest.jsonl"), "--compare", "beam", "--report", str(tmp_path / "out"))
-    assert result.exit_code != 0 and "unknown configuration 'beam'" in result.output
+    result = _invoke(str(SAMPLES / "manifest.jsonl"), "--compare", "sampling", "--report", str(tmp_path / "out"))
+    assert result.exit_code != 0 and "unknown configuration 'sampling'" in result.output
 
 
 @pytest.mark.slow

@@ -73,3 +73,13 @@ def test_no_file_is_over_400_lines() -> None:
         (ROOT / "scripts").glob("*.py"))
     long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_docs_tables_are_their_figure_files() -> None:
+    """Every table marked `<!-- figure: NAME -->` in the README and docs/ is docs/figures/NAME.md as written."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "render_docs.py"), "--check"], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

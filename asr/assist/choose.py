@@ -149,8 +149,8 @@ DISTIL_FOR = {
 
 # Students worth drafting with on a CPU as well: those whose step is a small fraction of their teacher's, so
 # that drafting pays even at modest agreement (`scripts/bench_gpu.py shapes --device cpu`; docs/benchmarks.md,
-# "What auto picks"). distil-small.en keeps 4 of small.en's 12 layers and the whole output head: too large a
-# share of small.en's step to pay at the agreement it reaches.
+# "Larger models: step costs"). distil-small.en keeps 4 of small.en's 12 layers and the whole output head:
+# too large a share of small.en's step to pay at the agreement it reaches.
 CPU_STUDENTS = ("distil-whisper/distil-large-v3", "distil-whisper/distil-large-v2", "distil-whisper/distil-medium.en")
 
 
@@ -163,7 +163,7 @@ def auto_assistant(device_type: str, source: str) -> str:
     fraction of the model's (`CPU_STUDENTS`). Otherwise none: for a model as small as `base` no assistant
     available here pays on either (a CPU step is bound by memory traffic that a same-size copy cannot shed;
     the distilled `base-draft` agrees too rarely to make up for its own steps; a GPU step is bound by kernel
-    launches: docs/benchmarks.md, "What auto picks").
+    launches: docs/benchmarks.md, "Each assistant for `base` on a CPU" and "`base` on a GPU").
     """
     student = DISTIL_FOR.get(source.removeprefix("hub:"), "none")
     if device_type == "cpu" and student not in CPU_STUDENTS:

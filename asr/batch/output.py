@@ -48,6 +48,75 @@ def make_row(item: Item, transcript: Transcript | None, error: str | None, with_
     return row
 
 
+class OutputLock:
+    """An exclusive lock on `OUTPUT.lock`, held for a whole run: from the check of what exists (and the
+    deletions of `--overwrite`) through the last row and the merge. A second run on the same output, plain,
+    resuming or overwriting, fails at once instead of writing the same items again or deleting rows under the
+    first. The kernel releases it even on `kill -9` (the small `.lock` file then stays; the next run takes it
+    over); a run that ends removes it.
+
+    Locks held by this process are counted, so nested holders (the command, then `run_batch`) share one.
+
+    Raises:
+        ValueError: another run holds the lock.
+    """
+
+    _held: dict[Path, list] = {}  # path -> [fd, holders] for this process
+
+    def __init__(self, output: str | os.PathLike) -> None:
+        self.path = Path(output).with_name(Path(output).name + ".lock")
+        self._acquired = False
+
+    def acquire(self) -> OutputLock:
+        key = self.path.resolve()
+        held = OutputLock._held.get(key)
+        if held is not None:
+            held[1] += 1
+        else:
+            OutputLock._held[key] = [self._lock(), 1]
+        self._acquired = True
+        return self
+
+    def _lock(self) -> int:
+        """Opens and locks the lock file. The file is removed on release, so a lock taken on a file another
+        run has just removed would lock nothing: then the path is opened again."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            if fcntl is None:
+                return fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise ValueError(f"{self.path.with_suffix('')}: another run is using this output; wait for it "
+                                 "or stop it") from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    def release(self) -> None:
+        if not self._acquired:
+            return
+        self._acquired = False
+        key = self.path.resolve()
+        held = OutputLock._held[key]
+        held[1] -= 1
+        if held[1] == 0:
+            del OutputLock._held[key]
+            self.path.unlink(missing_ok=True)  # while still locked: see `_lock`
+            os.close(held[0])
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class RowWriter:
     """Appends rows to a JSONL file, each with one `write()` of a whole line.
 
@@ -62,6 +131,9 @@ class RowWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = -1
+        # A file this writer creates and leaves empty (the run failed before its first row) is removed on close,
+        # so that it does not pass for earlier results in the next run.
+        self._created = not self.path.exists()
         self._open()
 
     def _open(self) -> None:
@@ -74,9 +146,10 @@ class RowWriter:
                 self._fd = -1
                 raise ValueError(f"{self.path}: another run is writing to it; wait for it or stop it") from None
 
-    def resume(self) -> set[str]:
-        """Repairs the file for appending (see `read_done_ids`) and returns the ids it holds."""
-        done = read_done_ids(self.path, repair=True)
+    def resume(self, retry_errors: bool = False) -> set[str]:
+        """Repairs the file for appending (see `read_done_ids`) and returns the ids it holds; with `retry_errors`
+        the error rows are dropped from the file first, so that their items are transcribed again (once)."""
+        done = read_done_ids(self.path, repair=True, drop_errors=retry_errors)
         if os.stat(self.path).st_ino != os.fstat(self._fd).st_ino:  # rewritten beside and renamed: reopen
             os.close(self._fd)
             self._open()
@@ -96,6 +169,9 @@ class RowWriter:
     def close(self) -> None:
         if self._fd >= 0:
             os.fsync(self._fd)
+            empty = os.fstat(self._fd).st_size == 0
+            if self._created and empty:
+                self.path.unlink(missing_ok=True)  # still under the lock: nobody else uses the name
             os.close(self._fd)
             self._fd = -1
 
@@ -123,26 +199,32 @@ def iter_rows(path: str | os.PathLike) -> Iterator[tuple[str | None, int, bytes]
             offset += len(line)
 
 
-def read_done_ids(path: str | os.PathLike, repair: bool = False) -> set[str]:
+def read_done_ids(path: str | os.PathLike, repair: bool = False, drop_errors: bool = False) -> set[str]:
     """Ids of the complete rows in a results file (empty when there is no file).
 
     Args:
         path: a results file.
         repair: make the file fit for appending: cut off a partial last line (a run killed mid-write) and drop
             lines that are not rows. Only the process that appends to the file may repair it.
+        drop_errors: error rows do not count as done; with `repair` they are removed from the file.
     """
     path = Path(path)
     done: set[str] = set()
-    end = bad = 0
+    end = bad = errors = 0
     for row_id, offset, line in iter_rows(path):
         if row_id is None:
             bad += 1
+        elif drop_errors and is_error_row(line):
+            errors += 1
         else:
             done.add(row_id)
         end = offset + len(line)
-    if repair and bad:
-        logger.warning("%s: dropping %d line(s) that are not rows", path, bad)
-        _rewrite_rows(path)
+    if repair and (bad or errors):
+        if bad:
+            logger.warning("%s: dropping %d line(s) that are not rows", path, bad)
+        if errors:
+            logger.warning("%s: retrying the %d item(s) that failed before", path, errors)
+        _rewrite_rows(path, drop_errors)
     elif repair and path.is_file() and path.stat().st_size > end:
         logger.warning("%s: cutting off a partial last line (%d bytes) left by an interrupted run",
                        path, path.stat().st_size - end)
@@ -160,12 +242,21 @@ def _row_id(line: bytes) -> str | None:
     return str(row["id"]) if isinstance(row, dict) and "id" in row else None
 
 
-def _rewrite_rows(path: Path) -> None:
-    """Rewrites `path` with its complete rows only, atomically: a file beside it, fsync, rename."""
+def is_error_row(line: bytes) -> bool:
+    """True for a row whose `error` is set (an item that failed)."""
+    try:
+        return json.loads(line).get("error") is not None
+    except (ValueError, AttributeError):
+        return False
+
+
+def _rewrite_rows(path: Path, drop_errors: bool = False) -> None:
+    """Rewrites `path` with its complete rows only (less the error rows with `drop_errors`), atomically: a file
+    beside it, fsync, rename."""
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "wb") as handle:
         for row_id, _, line in iter_rows(path):
-            if row_id is not None:
+            if row_id is not None and not (drop_errors and is_error_row(line)):
                 handle.write(line)
         handle.flush()
         os.fsync(handle.fileno())

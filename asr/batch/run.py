@@ -15,6 +15,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from asr.batch.output import RowWriter, make_row, read_done_ids
+from asr.batch.output import OutputLock, RowWriter, make_row, read_done_ids
 from asr.batch.shards import (
     Processes,
     existing_parts,
@@ -59,6 +60,8 @@ class BatchOptions:
     # An output that exists already: skip the ids it holds (resume) or start afresh (overwrite); else an error.
     resume: bool = False
     overwrite: bool = False
+    # With resume: transcribe again the items whose rows are errors (their old rows are replaced).
+    retry_errors: bool = False
     # A progress bar on stderr (process 0 only).
     progress: bool = True
 
@@ -69,6 +72,8 @@ class BatchOptions:
             raise ValueError(f"--workers must be >= 0, got {self.workers}")
         if self.resume and self.overwrite:
             raise ValueError("choose either --resume or --overwrite, not both")
+        if self.retry_errors and not self.resume:
+            raise ValueError("--retry-errors continues an earlier run: pass --resume with it")
 
 
 @dataclass
@@ -109,16 +114,30 @@ class BatchSummary:
         return text
 
 
-def prepare_output(output: Path, options: BatchOptions, processes: Processes = Processes()) -> None:
+def prepare_output(output: Path, options: BatchOptions, processes: Processes = Processes()) -> OutputLock | None:
     """Checks the output before any work: what exists is resumed, overwritten, or refused.
 
     Every process runs this before the start barrier and before any writes, so all see the same files.
+    Process 0 first takes the output's lock (`OutputLock`) and returns it: hold it until the run is over, so
+    that no other run can pass this check, or delete the files, while this one works.
 
     Raises:
-        ValueError: results (or parts of them) exist and neither resume nor overwrite was asked for.
+        ValueError: another run holds the output, the output cannot be written, or results (or parts of them)
+            exist and neither resume nor overwrite was asked for.
     """
     if output.is_dir():
         raise ValueError(f"{output}: is a folder; --output names a .jsonl file")
+    lock = OutputLock(output).acquire() if processes.is_main else None
+    try:
+        _check_output(output, options, processes)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock
+
+
+def _check_output(output: Path, options: BatchOptions, processes: Processes) -> None:
     found = [output] * output.exists() + existing_parts(output)
     if found and not (options.resume or options.overwrite):
         raise ValueError(f"{found[0]}: results of an earlier run exist; pass --resume to continue them, "
@@ -162,12 +181,15 @@ def run_batch(source: str, output: str | Path, bundle: Any, assistant: Any = Non
     own = output if processes.count == 1 else part_path(output, processes.index, processes.count)
     summary = BatchSummary(processes=processes.count)
     order: list[str] = []
+    _probe(source, batch)  # a source that cannot be read fails before any file is made
 
     from tqdm import tqdm
 
-    with RowWriter(own) as writer:
+    with OutputLock(output) if processes.is_main else nullcontext(), RowWriter(own) as writer:
         # Step 1: this process's share, less what is done. Its own file is repaired only once it holds the lock.
-        done = (writer.resume() | _done_elsewhere(output, own, processes)) if batch.resume else set()
+        done = set()
+        if batch.resume:
+            done = writer.resume(batch.retry_errors) | _done_elsewhere(output, own, processes, batch.retry_errors)
         share = _share(source, batch, processes, done, order, summary)
         bar = tqdm(total=_share_size(source, batch, processes, done), unit="item", file=sys.stderr,
                    desc=f"process 0/{processes.count}" if processes.count > 1 else "batch", dynamic_ncols=True,
@@ -199,14 +221,25 @@ def run_batch(source: str, output: str | Path, bundle: Any, assistant: Any = Non
     return summary
 
 
-def _done_elsewhere(output: Path, own: Path, processes: Processes) -> set[str]:
+def _done_elsewhere(output: Path, own: Path, processes: Processes, retry_errors: bool) -> set[str]:
     """Ids already in the output or in parts of earlier runs (other shares of this run hold other items)."""
     this_run = {part_path(output, k, processes.count) for k in range(processes.count)}
     done: set[str] = set()
     for other in [output, *existing_parts(output)]:
         if other != own and other not in this_run:
-            done |= read_done_ids(other)
+            done |= read_done_ids(other, drop_errors=retry_errors)
     return done
+
+
+def _probe(source: str, batch: BatchOptions) -> None:
+    """Reads the source's first item: a missing or unreadable source is an error before any work.
+
+    Raises:
+        ValueError: no such source, one of no known kind, or one without items.
+    """
+    if next(iter_items(source, audio_column=batch.audio_column, text_column=batch.text_column, split=batch.split),
+            None) is None:
+        raise ValueError(f"{source}: no items to transcribe (no audio files, or an empty manifest)")
 
 
 def _items(source: str, batch: BatchOptions, warn: bool = True) -> Iterator[Item]:

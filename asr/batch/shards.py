@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from asr.batch.output import iter_rows
+from asr.batch.output import is_error_row, iter_rows
 
 logger = logging.getLogger(__name__)
 
@@ -149,15 +149,22 @@ def merge_parts(output: Path, order: list[str]) -> int:
     Returns:
         The number of rows in the merged file.
 
-    Each id is kept once (the first row found, OUTPUT first): a merge killed after the rename but before the
-    parts were removed is simply done again. The merged file is written beside OUTPUT and renamed over it.
+    Each id is kept once (the first row found, OUTPUT first, unless it is an error row and a later one is not:
+    the item was retried): a merge killed after the rename but before the parts were removed is simply done again. The merged file is written beside OUTPUT and renamed over it.
     """
     sources = [output, *existing_parts(output)]
     where: dict[str, tuple[int, int, int]] = {}  # id -> (source, offset, length): the rows stay on disk
+    failed: set[str] = set()  # ids whose kept row is an error row
     for number, source in enumerate(sources):
         for row_id, offset, line in iter_rows(source):
-            if row_id is not None:
-                where.setdefault(row_id, (number, offset, len(line)))
+            if row_id is None or (row_id in where and row_id not in failed):
+                continue
+            error = is_error_row(line)
+            if row_id not in where or not error:
+                where[row_id] = (number, offset, len(line))
+                failed.discard(row_id)
+                if error:
+                    failed.add(row_id)
     count = len(where)
     temporary = merging_path(output)
     with ExitStack() as stack:

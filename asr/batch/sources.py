@@ -20,6 +20,7 @@ from asr.errors import first_line
 
 AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif", ".m4a", ".mp4", ".webm",
                             ".wma", ".aac", ".oga"})
+MANIFEST_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
 AUDIO_KEYS = ("audio", "audio_filepath", "path", "file", "filename")
 TEXT_KEYS = ("text", "reference", "transcript", "sentence")
 
@@ -82,6 +83,9 @@ def iter_items(source: str, *, audio_column: str = "audio", text_column: str = "
     path = Path(source).expanduser()
     if path.is_file():
         suffix = path.suffix.lower()
+        if suffix == ".json" and _starts_with(path, b"["):
+            yield from _json_array_items(path)
+            return
         if suffix in (".jsonl", ".json"):
             yield from _jsonl_items(path)
             return
@@ -99,10 +103,19 @@ def iter_items(source: str, *, audio_column: str = "audio", text_column: str = "
         else:
             yield from _folder_items(path)
         return
-    if "/" in source and not source.startswith((".", "/", "~")):
+    if _looks_like_hub_id(source):
         yield from _dataset_items(source, audio_column, text_column, split, saved=False)
         return
     raise ValueError(f"{source}: no such file or folder")
+
+
+def _looks_like_hub_id(source: str) -> bool:
+    """`org/name` that is not a local path: one slash, no file suffix, no existing first folder."""
+    parts = source.split("/")
+    if len(parts) != 2 or not all(parts) or source.startswith(("~", ".")):
+        return False
+    suffix = Path(source).suffix.lower()
+    return suffix not in (*MANIFEST_SUFFIXES, *AUDIO_SUFFIXES) and not Path(parts[0]).exists()
 
 
 def _folder_items(folder: Path) -> Iterator[Item]:
@@ -129,9 +142,31 @@ def _row_item(row: dict, folder: Path, line: int, manifest: Path) -> Item:
                 language=row.get("language"))
 
 
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    """True when the file's first non-blank bytes (after a UTF-8 byte-order mark) are `prefix`."""
+    with open(path, "rb") as handle:
+        head = handle.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()
+    return head.startswith(prefix)
+
+
+def _json_array_items(manifest: Path) -> Iterator[Item]:
+    """A `.json` manifest holding one array of row objects."""
+    try:
+        rows = json.loads(manifest.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{manifest}: not a readable JSON array ({first_line(error)})") from None
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            yield Item(id=f"{manifest.name}:{number}", audio=None,
+                       error=f"{manifest}: element {number} is not a JSON object")
+            continue
+        yield _row_item(row, manifest.parent, number, manifest)
+
+
 def _jsonl_items(manifest: Path) -> Iterator[Item]:
     folder = manifest.parent
-    with open(manifest, encoding="utf-8") as handle:
+    # utf-8-sig: a byte-order mark (as Windows editors write) is not part of the first row.
+    with open(manifest, encoding="utf-8-sig") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -148,9 +183,16 @@ def _jsonl_items(manifest: Path) -> Iterator[Item]:
 
 def _csv_items(manifest: Path) -> Iterator[Item]:
     delimiter = "\t" if manifest.suffix.lower() == ".tsv" else ","
-    with open(manifest, encoding="utf-8", newline="") as handle:
-        for line_number, row in enumerate(csv.DictReader(handle, delimiter=delimiter), start=2):
-            yield _row_item({k: v for k, v in row.items() if k is not None}, manifest.parent, line_number, manifest)
+    # utf-8-sig: Excel's "CSV UTF-8" starts with a byte-order mark, which must not become part of the first
+    # column's name. strict: a quote left open would otherwise swallow every row after it without a word.
+    with open(manifest, encoding="utf-8-sig", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter=delimiter, strict=True)
+        try:
+            for row in reader:
+                yield _row_item({k: v for k, v in row.items() if k is not None}, manifest.parent, reader.line_num,
+                                manifest)
+        except csv.Error as error:
+            raise ValueError(f"{manifest}:{reader.line_num}: malformed CSV ({error}); is a quote left open?") from None
 
 
 def _dataset_items(name: str, audio_column: str, text_column: str, split: str | None, saved: bool) -> Iterator[Item]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -17,6 +18,7 @@ from asr.cli.runtime import (
     parse_offload,
     setup_runtime,
 )
+from asr.cli.search import search_options, search_settings
 from asr.constants import TASKS
 
 
@@ -32,6 +34,7 @@ from asr.constants import TASKS
 @click.option("--without-timestamps", is_flag=True, help="Decode without timestamp tokens (items up to 30 s only).")
 @click.option("--word-timestamps", is_flag=True, help="Add word-level times to the segments.")
 @click.option("--segments", is_flag=True, help="Keep each item's segments in its row.")
+@search_options
 @click.option("--batch-size", default=1, show_default=True, type=int, help="Items transcribed together.")
 @click.option("--chunked", is_flag=True,
               help="Cut items longer than 30 s into speech chunks (Silero VAD) that share the batch with other "
@@ -39,6 +42,8 @@ from asr.constants import TASKS
 @click.option("--workers", default=2, show_default=True, type=int,
               help="Threads decoding audio ahead of the model (0: decode inline).")
 @click.option("--resume", is_flag=True, help="Continue an earlier run: skip the ids already in --output.")
+@click.option("--retry-errors", is_flag=True,
+              help="With --resume: transcribe again the items whose rows are errors (each id stays once).")
 @click.option("--overwrite", is_flag=True, help="Delete earlier results (and parts) of --output and start again.")
 @click.option("--audio-column", default="audio", show_default=True, help="Audio column of a dataset.")
 @click.option("--text-column", default="text", show_default=True, help="Reference column of a dataset.")
@@ -52,11 +57,14 @@ from asr.constants import TASKS
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @decoding_options
 def batch_command(source, output, model, assistant, language, task, without_timestamps, word_timestamps, segments,
-                  batch_size, chunked, workers, resume, overwrite, audio_column, text_column, split, device, dtype,
-                  offload, offload_folder, max_memory, threads, quiet, **more) -> None:
+                  beam_size, patience, length_penalty, best_of, batch_size, chunked, workers, resume, retry_errors,
+                  overwrite, audio_column, text_column, split, device, dtype, offload, offload_folder, max_memory,
+                  threads, quiet, **more) -> None:
     """Transcribe every item of SOURCE (a folder, a JSONL/CSV manifest, or a dataset) into one JSON row each.
 
-    A failed item gets a row with `error` and the run goes on. Under
+    A failed item gets a row with `error` and the run goes on; the exit status is then 1, as it is for an
+    error that stops the run (a bad source or output, another run on the same output; 2 for a bad option).
+    `--resume --retry-errors` transcribes the failed items again. Under
     `accelerate launch --multi_gpu --num_processes N -m asr batch ...` (`--multi_gpu` also on CPU-only
     machines: it is accelerate's torchrun launcher) the items are shared round-robin among the processes
     and merged into --output in input order.
@@ -71,24 +79,32 @@ def batch_command(source, output, model, assistant, language, task, without_time
     try:
         processes = detect_processes()
         batch = BatchOptions(audio_column=audio_column, text_column=text_column, split=split, batch_size=batch_size,
-                             workers=workers, segments=segments, resume=resume, overwrite=overwrite, progress=not quiet)
+                             workers=workers, segments=segments, resume=resume, retry_errors=retry_errors,
+                             overwrite=overwrite, progress=not quiet)
+        search, assistant = search_settings(assistant, beam_size, patience, length_penalty, best_of)
         options = TranscribeOptions(language=language, task=task, timestamps=not without_timestamps,
                                     word_timestamps=word_timestamps, batch_size=batch_size if chunked else None,
-                                    **take_decoding(more))
-        prepare_output(output_path, batch, processes)
+                                    **search, **take_decoding(more))
+        lock = prepare_output(output_path, batch, processes)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
-    device, torch_dtype = _setup(device, dtype, threads, processes)
-    start_together(processes, cpu=device == "cpu")
     try:
-        bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
-        summary = run_batch(source, output_path, bundle, helper, options, batch, processes)
-    except ValueError as error:
-        raise click.ClickException(str(error)) from None
+        device, torch_dtype = _setup(device, dtype, threads, processes)
+        start_together(processes, cpu=device == "cpu")
+        try:
+            bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
+            summary = run_batch(source, output_path, bundle, helper, options, batch, processes)
+        except ValueError as error:
+            raise click.ClickException(str(error)) from None
+        finally:
+            finish(processes)
     finally:
-        finish(processes)
+        if lock is not None:
+            lock.release()
     if processes.is_main:
         click.echo(summary.describe(output), err=True)
+        if summary.failed:
+            sys.exit(1)
 
 
 def _setup(device: str, dtype: str, threads: int | None, processes):

@@ -20,8 +20,9 @@ from asr.cli.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_
 @click.option("--compare", "compare", multiple=True, metavar="CONFIG",
               help="A configuration, repeatable; the first is the reference for speed-ups and exactness: "
                    "greedy[,vad], assisted:NAME[,schedule=S][,k=N][,temperature=T][,vad], "
-                   "batched:N[,assistant=NAME][,timestamps=off], transformers, "
-                   "transformers-assisted:NAME[,k=N], faster-whisper[,compute_type=C][,batched=N]. "
+                   "batched:N[,assistant=NAME][,timestamps=off], beam:N[,best_of=M][,patience=P] (beam search, "
+                   "openai-whisper's command line: beam:5), transformers, "
+                   "transformers-assisted:NAME[,k=N], faster-whisper[,compute_type=C][,batched=N][,beam=N]. "
                    "Default: greedy and assisted:self:int8 (self:fp16 off the CPU).")
 @click.option("--report", "report_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for report.md, report.json, items.jsonl and the plots.")

@@ -20,6 +20,8 @@ from asr.cli.runtime import (
     parse_offload,
     setup_runtime,
 )
+from asr.cli.search import search_options, search_settings
+from asr.cli.transcribe_io import STDIN_NAME, check_writable, subtitle_options
 from asr.constants import OUTPUT_FORMATS, TASKS
 from decoding.schedule import SCHEDULES
 
@@ -45,6 +47,7 @@ PROGRESS_MIN_SECONDS = 30.0
 @click.option("--temperature", "temperatures", default="0,0.2,0.4,0.6,0.8,1.0", show_default=True,
               help="Temperatures tried in turn when a window fails the fallback checks.")
 @click.option("--no-condition-on-previous-text", is_flag=True, help="Decode each window without the previous text.")
+@search_options
 @click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
               help="How many tokens the assistant drafts per round [default: heuristic; constant 10 when auto "
                    "drafts for an offloaded model].")
@@ -74,15 +77,22 @@ PROGRESS_MIN_SECONDS = 30.0
 @click.option("--prefix", default=None, help="Text the first window's transcript starts with.")
 @click.option("--verbose", "-v", is_flag=True, help="Print each segment as it is decoded (no progress bar).")
 @click.option("--detect-language", is_flag=True, help="Only print each file's detected language and its probability.")
+@subtitle_options
 def transcribe(files, model, assistant, language, task, output_format, output_dir, without_timestamps,
-               word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, schedule,
-               num_assistant_tokens, device, dtype, offload, offload_folder, max_memory, threads, quiet, batch_size,
+               word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, beam_size, patience,
+               length_penalty, best_of, schedule, num_assistant_tokens, device, dtype, offload, offload_folder,
+               max_memory, threads, quiet, batch_size,
                vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s,
-               **more) -> None:
-    """Transcribe (or translate) audio FILES of any length."""
+               subtitle_layout, split_stereo, **more) -> None:
+    """Transcribe (or translate) audio FILES of any length.
+
+    A FILE of - reads the audio (any format a file may have) from standard input; -o DIR then writes
+    DIR/stdin.<format>.
+    """
     from asr.assist.choose import load_pair
+    from asr.cli.transcribe_io import audio_inputs, parse_subtitles
     from asr.options import TranscribeOptions
-    from asr.writers import WRITERS, output_formats, write_outputs
+    from asr.writers import output_formats, output_stems, write_format, write_outputs
 
     device, torch_dtype = setup_runtime(device, dtype, threads)
     offloading = parse_offload(offload, offload_folder, max_memory)
@@ -91,17 +101,23 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
                                    min_speech_duration_ms=vad_min_speech_ms,
                                    min_silence_duration_ms=vad_min_silence_ms, speech_pad_ms=vad_speech_pad_ms,
                                    max_speech_duration_s=vad_max_speech_s)
+        search, assistant = search_settings(assistant, beam_size, patience, length_penalty, best_of)
         options = TranscribeOptions(
             language=language, task=task, timestamps=not without_timestamps, word_timestamps=word_timestamps,
             initial_prompt=initial_prompt, temperatures=_floats(temperatures, "--temperature"),
             condition_on_previous_text=not no_condition_on_previous_text, schedule=schedule,
-            num_assistant_tokens=num_assistant_tokens, vad=vad_options, batch_size=batch_size,
+            num_assistant_tokens=num_assistant_tokens, vad=vad_options, batch_size=batch_size, **search,
             **take_decoding(more), clip_timestamps=more["clip_timestamps"], prefix=more["prefix"],
             carry_initial_prompt=more["carry_initial_prompt"],
         )
         formats = output_formats(output_format)
+        subtitles = parse_subtitles(subtitle_layout, word_timestamps)
+        if files.count("-") > 1:
+            raise ValueError("standard input (-) can be read once: give - once")
         if output_dir is None and len(formats) > 1:
             raise ValueError("-f all writes one file per format: give an output folder with -o DIR")
+        if output_dir is not None:
+            check_writable(output_dir)
         if more["detect_language"]:
             assistant = "none"
         bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
@@ -111,28 +127,42 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
     if more["detect_language"]:
         sys.exit(detect_languages_cli(bundle, files, options))
     failures = 0
-    for path in files:
+    stems = output_stems([STDIN_NAME if path == "-" else path for path in files])
+    for path, stem in zip(files, stems):
         try:
-            transcript = transcribe_file(bundle, path, options, helper, show_progress=not quiet,
-                                         verbose=more["verbose"])
+            audios = audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read())
+            transcripts = [(audio, transcribe_file(bundle, audio.source, options, helper, show_progress=not quiet,
+                                                   name=audio.name, verbose=more["verbose"]))
+                           for audio in audios]
         except ValueError as error:  # AudioError and option errors: one line, then the next file
             click.echo(f"error: {error}", err=True)
             failures += 1
             continue
-        if output_dir is not None:
-            write_outputs(transcript, path, output_dir, formats)
-        elif output_format == "txt":
-            click.echo(transcript.text.strip())
-        else:  # srt, vtt, tsv or json on stdout, as the file would hold it
-            WRITERS[output_format](transcript, sys.stdout)
+        for audio, transcript in transcripts:
+            if output_dir is not None:
+                try:
+                    write_outputs(transcript, audio.path, output_dir, formats, subtitles, audio.suffix,
+                                  stem=stem)
+                except OSError as error:  # a full disk, a folder made read-only meanwhile: say so, go on
+                    click.echo(f"error: {audio.name}: cannot write its results to {output_dir} ({error.strerror or error})",
+                               err=True)
+                    failures += 1
+                continue
+            if split_stereo:
+                click.echo(f"==> {audio.stem} <==")
+            if output_format == "txt":
+                click.echo(transcript.text.strip())
+            else:  # srt, vtt, tsv or json on stdout, as the file would hold it
+                write_format(output_format, transcript, sys.stdout, subtitles)
     if failures:
         click.echo(f"{failures} of {len(files)} file(s) failed", err=True)
         sys.exit(1)
 
 
-def transcribe_file(bundle, path: str, options, assistant=None, show_progress: bool = True, verbose: bool = False):
-    """Transcribes one file, with a progress bar on stderr for audio longer than a window, or with `verbose`
-    each segment on stdout as it is decoded (openai-whisper's `[00:00.000 --> 00:04.000]  text`)."""
+def transcribe_file(bundle, path, options, assistant=None, show_progress: bool = True, name: str | None = None,
+                    verbose: bool = False):
+    """Transcribes one file (or samples, then called `name`), with a progress bar on stderr for audio longer than a
+    window, or with `verbose` each segment on stdout as it is decoded (openai-whisper's `[00:00.000 --> 00:04.000]  text`)."""
     from asr.live import transcribe_segments
     from asr.writers import format_timestamp
 
@@ -143,7 +173,7 @@ def transcribe_file(bundle, path: str, options, assistant=None, show_progress: b
         if bar is None and total > PROGRESS_MIN_SECONDS:
             from tqdm import tqdm
 
-            bar = tqdm(total=round(total, 1), unit="s", desc=str(path), file=sys.stderr, leave=False)
+            bar = tqdm(total=round(total, 1), unit="s", desc=str(name or path), file=sys.stderr, leave=False)
         if bar is not None:
             bar.update(round(done, 1) - bar.n)
 

@@ -136,7 +136,10 @@ def _hub_problem(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
 def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision,
                  offload: OffloadOptions | None = None, **hub: object) -> WhisperBundle:
     """Loads a transformers Whisper folder or Hub id into a bundle (``hub``: extra from_pretrained options)."""
-    config = WhisperConfig.from_pretrained(src, **hub)
+    try:
+        config = WhisperConfig.from_pretrained(src, **hub)
+    except ValueError as error:  # unreadable JSON, or not a Whisper config
+        raise ModelFileError(f"{src}: config.json is not a Whisper config ({first_line(error)})") from None
     architectures = config.architectures or ["WhisperForConditionalGeneration"]
     if "WhisperForConditionalGeneration" not in architectures:
         raise UnsupportedModelError(f"model {name!r} is a {'/'.join(architectures)}; load_model needs a "
@@ -153,8 +156,16 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
         use_cpu_kernels(model)
         if dtype == torch.bfloat16:
             pack_decoder(model)
-    tokenizer = WhisperTokenizerFast.from_pretrained(src, **hub)
-    feature_extractor = WhisperFeatureExtractor.from_pretrained(src, **hub)
+    try:
+        tokenizer = WhisperTokenizerFast.from_pretrained(src, **hub)
+    except OSError:
+        raise
+    except Exception as error:  # the tokenizers library raises its own types for a damaged tokenizer.json
+        raise ModelFileError(f"{src}: the tokenizer files cannot be read ({first_line(error)})") from None
+    try:
+        feature_extractor = WhisperFeatureExtractor.from_pretrained(src, **hub)
+    except ValueError as error:
+        raise ModelFileError(f"{src}: the feature extractor config cannot be read ({first_line(error)})") from None
     if feature_extractor.feature_size != config.num_mel_bins:
         raise ModelFileError(f"{src}: feature extractor makes {feature_extractor.feature_size} mel bins, "
                              f"the model expects {config.num_mel_bins}")
@@ -253,7 +264,8 @@ def load_model(name: str, *, device: str = "cpu", dtype: Precision = torch.float
                                      "faster-whisper model.bin)")
         # transformers would build an empty tokenizer from a folder without one.
         missing = [f for f, alternatives in (("tokenizer.json", ("tokenizer.json", "vocab.json")),
-                                             ("preprocessor_config.json", ("preprocessor_config.json",)))
+                                             ("preprocessor_config.json",
+                                              ("preprocessor_config.json", "processor_config.json")))
                    if not any((path / a).is_file() for a in alternatives)]
         if missing:
             raise ModelNotFoundError(f"{path}: incomplete model folder, no {' or '.join(missing)}")
@@ -266,7 +278,9 @@ def load_model(name: str, *, device: str = "cpu", dtype: Precision = torch.float
         return _load_ct2(package, name, device, dtype, offload)
     if name in HUB_ALIASES:
         return _load_hub(HUB_ALIASES[name], name, device, dtype, offload)
-    if path.exists() or name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+    # A relative path whose first folder exists here is a local path, however Hub-like it looks.
+    if path.exists() or name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 \
+            or Path(name.split("/")[0]).is_dir():
         raise ModelNotFoundError(f"{name}: {'not a folder' if path.exists() else 'no such model folder'}")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         return _load_hub(name, name, device, dtype, offload)
@@ -289,7 +303,7 @@ def known_models() -> list[ModelInfo]:
     for name in dict.fromkeys([*PACKAGES, *HUB_ALIASES]):
         package = package_source(name) if name in PACKAGES else None
         if package is not None:
-            cached = cache_problem(cache_dir() / package.key, package) is None
+            cached = cache_problem(cache_dir() / package.key, package, check_content=False) is None
             infos.append(ModelInfo(name, package.source, installed=True, cached=cached))
         else:
             in_cache = _in_hub_cache(HUB_ALIASES[name])

@@ -1,0 +1,137 @@
+"""`asr transcribe`'s inputs and subtitle layout: `-` for standard input, `--split-stereo`, and openai-whisper's
+`--max-line-width`, `--max-line-count`, `--max-words-per-line` and `--highlight-words`."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+# The name that audio read from standard input (`asr transcribe -`) has in outputs: -o DIR gets DIR/stdin.<fmt>.
+STDIN_NAME = "stdin"
+# The channels that --split-stereo transcribes apart, and the suffix of each one's outputs.
+STEREO_CHANNELS = ((0, "left"), (1, "right"))
+
+_LAYOUT = ("max_line_width", "max_line_count", "max_words_per_line", "highlight_words")
+
+
+def subtitle_options(command: Callable) -> Callable:
+    """Adds the subtitle layout options and --split-stereo to a command; the layout reaches it as one
+    `subtitle_layout` dict (for `parse_subtitles`)."""
+    options = [
+        click.option("--max-line-width", type=int, default=None, metavar="N",
+                     help="srt/vtt: at most N characters in a line before it breaks (needs --word-timestamps; "
+                          "an error without it, as in openai-whisper)."),
+        click.option("--max-line-count", type=int, default=None, metavar="N",
+                     help="srt/vtt: at most N lines in a cue; words then flow across segments (needs "
+                          "--word-timestamps and --max-line-width)."),
+        click.option("--max-words-per-line", type=int, default=None, metavar="N",
+                     help="srt/vtt: at most N words in a cue (needs --word-timestamps; no effect with "
+                          "--max-line-width)."),
+        click.option("--highlight-words", is_flag=True,
+                     help="srt/vtt: underline each word as it is spoken, <u>word</u> (needs --word-timestamps)."),
+        click.option("--split-stereo", is_flag=True,
+                     help="Transcribe the left and right channels apart (two-sided calls): -o DIR gets "
+                          "<name>.left.<fmt> and <name>.right.<fmt>; on stdout each channel follows a line "
+                          "'==> <name>.left <=='. Mono audio is an error."),
+    ]
+
+    @functools.wraps(command)
+    def packed(*args: Any, **kwargs: Any) -> Any:
+        layout = {name: kwargs.pop(name) for name in _LAYOUT}
+        return command(*args, subtitle_layout=layout, **kwargs)
+
+    for option in reversed(options):
+        packed = option(packed)
+    return packed
+
+
+def parse_subtitles(layout: dict[str, Any], word_timestamps: bool) -> Any:
+    """The `asr.writers.SubtitleOptions` of the layout options, or None when none is given; a note on stderr
+    for each option that another one makes moot.
+
+    Raises:
+        ValueError: a width or count below 1, or a layout option without word timestamps.
+    """
+    from asr.writers import SubtitleOptions
+
+    for name in _LAYOUT[:3]:
+        value = layout[name]
+        if value is not None and value < 1:
+            raise ValueError(f"{_flag(name)} must be a positive integer, got {value}")
+    options = SubtitleOptions(**layout)
+    if not options.given:
+        return None
+    if not word_timestamps:
+        raise ValueError(f"{_flag(options.given[0])} lays out cues by word times: add --word-timestamps")
+    for note in options.ineffective():
+        for name in _LAYOUT:
+            note = note.replace(name, _flag(name))
+        click.echo(f"warning: {note}", err=True)
+    return options
+
+
+@dataclass
+class AudioInput:
+    """One audio to transcribe: a path, or samples (standard input, one channel), and the name of its outputs."""
+
+    source: Any  # a path, or float32 samples at 16 kHz
+    name: str  # as shown in messages and progress
+    path: str  # what `write_outputs` names the outputs after: the file, or STDIN_NAME
+    suffix: str = ""  # after the name's stem: ".left", ".right"
+
+    @property
+    def stem(self) -> str:
+        """The outputs' file name before the format: "talk", "talk.left", "stdin"."""
+        return Path(self.path).stem + self.suffix
+
+
+def audio_inputs(path: str, split_stereo: bool, stdin: Callable[[], bytes]) -> list[AudioInput]:
+    """The audios to transcribe for one FILES argument: `-` reads `stdin()` (all of it), and with `split_stereo`
+    the left and right channels come apart.
+
+    Raises:
+        audio.AudioError: unreadable audio, or mono audio with `split_stereo` (one line).
+    """
+    from audio import ChannelError, load_audio, load_audio_bytes
+
+    from_stdin = path == "-"
+    name = "<stdin>" if from_stdin else path
+    output = STDIN_NAME if from_stdin else path
+    data = stdin() if from_stdin else None
+    if not split_stereo:
+        if from_stdin:
+            return [AudioInput(load_audio_bytes(data, name=name), name, output)]
+        return [AudioInput(path, name, output)]
+    try:
+        channels = [(side, load_audio_bytes(data, channel=index, name=name) if from_stdin
+                     else load_audio(path, channel=index)) for index, side in reversed(STEREO_CHANNELS)]
+    except ChannelError as error:
+        kind = "mono" if error.channels == 1 else f"{error.channels}-channel"
+        raise ChannelError(f"{name}: --split-stereo needs stereo audio, this is {kind}", error.channels) from None
+    return [AudioInput(samples, f"{name} ({side})", output, f".{side}") for side, samples in reversed(channels)]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_writable(folder: str) -> None:
+    """Makes the output folder and writes a file in it, before any work: a folder that cannot be written fails
+    the run at once, not after the first file's transcription.
+
+    Raises:
+        ValueError: the folder cannot be made or written (one line).
+    """
+    import tempfile
+
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{folder}: cannot write the results there ({error.strerror or error})") from None

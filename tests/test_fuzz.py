@@ -1,0 +1,127 @@
+"""Property-based fuzzing of the readers that take files from users: whatever the bytes, the CTranslate2 reader,
+the manifest readers and the audio loader either succeed or raise their documented error type (one line).
+
+Each property runs a fixed number of small examples (`FUZZ`), so the whole file stays within seconds in CI.
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from asr.batch.sources import iter_items  # noqa: E402
+from asr.models.ct2 import ModelFileError, read_ct2, write_ct2  # noqa: E402
+from audio import AudioError, load_audio  # noqa: E402
+
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+def _valid_ct2() -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.bin"
+        write_ct2(path, {"a/weight": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+                         "b/bias": torch.ones(5, dtype=torch.float16)}, {"c/weight": "a/weight"})
+        return path.read_bytes()
+
+
+VALID_CT2 = _valid_ct2()
+
+
+def _mutations(valid: bytes) -> st.SearchStrategy[bytes]:
+    """Valid files with bytes flipped, cut short, or with junk appended; and plain random bytes."""
+    flips = st.lists(st.tuples(st.integers(0, len(valid) - 1), st.integers(1, 255)), min_size=1, max_size=8)
+
+    def flipped(changes: list[tuple[int, int]]) -> bytes:
+        data = bytearray(valid)
+        for at, mask in changes:
+            data[at] ^= mask
+        return bytes(data)
+
+    return st.one_of(flips.map(flipped), st.integers(0, len(valid)).map(lambda n: valid[:n]),
+                     st.binary(max_size=64).map(lambda junk: valid + junk), st.binary(max_size=512))
+
+
+def _one_line(error: Exception) -> None:
+    assert str(error).strip() and "\n" not in str(error).strip()
+
+
+@FUZZ
+@given(data=_mutations(VALID_CT2))
+def test_ct2_reader_accepts_or_raises_model_file_error(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    path = tmp_path_factory.mktemp("ct2") / "model.bin"
+    path.write_bytes(data)
+    try:
+        read_ct2(path)
+    except ModelFileError as error:
+        _one_line(error)
+        assert str(path) in str(error)
+
+
+def test_ct2_reader_refuses_huge_declared_sizes(tmp_path: Path) -> None:
+    # A header that declares a 4 GB tensor in a 100-byte file: refused before any allocation.
+    data = struct.pack("<I", 6) + struct.pack("<H", 3) + b"ab\x00" + struct.pack("<II", 1, 1)
+    data += struct.pack("<H", 2) + b"x\x00" + struct.pack("<B", 1) + struct.pack("<I", 1 << 30)
+    data += struct.pack("<BI", 0, 0xFFFFFFFF)
+    (tmp_path / "model.bin").write_bytes(data)
+    with pytest.raises(ModelFileError):
+        read_ct2(tmp_path / "model.bin")
+
+
+MANIFEST_TEXT = st.text(alphabet=st.sampled_from(list('ab,;"\'\t\n\r{}[]:\\ é\ufeff0.wav')), max_size=200)
+
+
+@FUZZ
+@given(text=MANIFEST_TEXT, suffix=st.sampled_from([".csv", ".tsv", ".jsonl", ".json"]))
+def test_manifest_readers_yield_items_or_raise_value_error(tmp_path_factory: pytest.TempPathFactory, text: str,
+                                                          suffix: str) -> None:
+    path = tmp_path_factory.mktemp("manifest") / f"m{suffix}"
+    path.write_text(text, encoding="utf-8")
+    try:
+        items = list(iter_items(str(path)))
+    except ValueError as error:
+        _one_line(error)
+        return
+    for item in items:
+        assert isinstance(item.id, str) and (item.audio is None) == (item.error is not None or item.audio is None)
+        if item.error is not None:
+            assert "\n" not in item.error
+
+
+def _valid_audio(suffix: str, **kwargs: object) -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"a{suffix}"
+        t = np.arange(8000) / 16000
+        sf.write(path, (0.9 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000, **kwargs)
+        return path.read_bytes()
+
+
+VALID_AUDIO = {".wav": _valid_audio(".wav", subtype="PCM_16"), ".flac": _valid_audio(".flac"),
+               ".mp3": _valid_audio(".mp3", format="MP3")}
+
+
+@pytest.mark.parametrize("suffix", list(VALID_AUDIO))
+@FUZZ
+@given(data=st.data())
+def test_audio_loader_returns_sane_samples_or_raises_audio_error(tmp_path_factory: pytest.TempPathFactory,
+                                                                 suffix: str, data: st.DataObject) -> None:
+    data = data.draw(_mutations(VALID_AUDIO[suffix]))
+    path = tmp_path_factory.mktemp("audio") / f"a{suffix}"
+    path.write_bytes(data)
+    try:
+        samples = load_audio(path)
+    except AudioError as error:
+        _one_line(error)
+        return
+    assert samples.dtype == np.float32 and samples.ndim == 1 and samples.size > 0
+    assert np.isfinite(samples).all() and np.abs(samples).max() <= 1.0

@@ -1,0 +1,106 @@
+"""Model files under misuse: bit rot in the cache, a read-only cache, folders newer transformers write, and
+damaged configuration files. Each case builds its own tiny model; none needs downloaded weights."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from asr.cli import main
+from asr.models import cache
+from asr.models.ct2 import ModelFileError
+from asr.models.registry import cache_dir, load_model
+from tests.conftest import SAMPLES, tiny_whisper_in
+from tests.test_registry import tiny_ct2_folder  # noqa: F401  (a fixture)
+
+
+def _entry() -> Path:
+    (entry,) = [p for p in cache_dir().iterdir() if p.name.startswith("ct2-")]
+    return entry
+
+
+def test_bit_rot_with_the_size_intact_is_caught_and_rebuilt(tiny_ct2_folder: Path,  # noqa: F811
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    first = {k: v.clone() for k, v in load_model(str(tiny_ct2_folder)).model.state_dict().items()}
+    gc.collect()  # the loaded weights map the file
+    weights = _entry() / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) * 3 // 4] ^= 0x10  # one bit, inside the tensor data: the file still loads
+    weights.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        again = load_model(str(tiny_ct2_folder))
+    assert "damaged" in caplog.text and "rebuilding" in caplog.text
+    for name, value in again.model.state_dict().items():
+        assert torch.equal(value, first[name]), name
+
+
+def test_a_read_only_cache_with_a_complete_entry_loads(tiny_ct2_folder: Path,  # noqa: F811
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    load_model(str(tiny_ct2_folder))
+
+    def no_writes(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Read-only file system")
+
+    # Nothing may be created or locked when the entry is complete (a container image's cache).
+    monkeypatch.setattr(cache, "_locked", no_writes)
+    monkeypatch.setattr(Path, "mkdir", no_writes)
+    assert load_model(str(tiny_ct2_folder)).model is not None
+
+    gc.collect()
+    weights = _entry() / "model.safetensors"
+    weights.write_bytes(b"\x00" * weights.stat().st_size)  # damaged, and the cache cannot be rebuilt
+    monkeypatch.setattr(cache, "_writable", lambda folder: False)
+    with pytest.raises(ModelFileError, match="cannot be written.*ASSISTED_WHISPER_CACHE"):
+        load_model(str(tiny_ct2_folder))
+
+
+def test_a_folder_with_processor_config_json_loads(tmp_path: Path) -> None:
+    folder = tiny_whisper_in(tmp_path / "model", seed=5)
+    extractor = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").unlink()
+    # What `WhisperProcessor.save_pretrained` writes in current transformers.
+    (folder / "processor_config.json").write_text(json.dumps({"feature_extractor": extractor,
+                                                             "processor_class": "WhisperProcessor"}))
+    bundle = load_model(str(folder))
+    assert bundle.feature_extractor.feature_size == 80
+
+
+@pytest.mark.parametrize("damage", ["tokenizer", "config"])
+def test_garbage_model_files_are_one_line_errors_naming_the_file(tmp_path: Path, damage: str) -> None:
+    folder = tiny_whisper_in(tmp_path / "model", seed=5)
+    name = "tokenizer.json" if damage == "tokenizer" else "config.json"
+    (folder / name).write_text("{this is not json")
+    with pytest.raises(ValueError, match="tokenizer" if damage == "tokenizer" else "config.json"):
+        load_model(str(folder))
+    result = CliRunner().invoke(main, ["transcribe", str(SAMPLES / "park.flac"), "--model", str(folder), "-q"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 and str(folder) in result.output
+
+
+def test_asr_models_does_not_hash_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ASSISTED_WHISPER_CACHE", str(tmp_path))
+    monkeypatch.setattr(cache, "_sha256", lambda path: pytest.fail("hashed while listing"))
+    assert CliRunner().invoke(main, ["models"]).exit_code == 0
+
+
+def test_a_conversion_records_content_hashes(tiny_ct2_folder: Path) -> None:  # noqa: F811
+    load_model(str(tiny_ct2_folder))
+    marker = json.loads((_entry() / cache.MARKER).read_text())
+    assert marker["sha256"].keys() == marker["files"].keys()
+    assert marker["sha256"]["model.safetensors"] == cache._sha256(_entry() / "model.safetensors")
+    shutil.rmtree(_entry())
+
+
+def test_a_missing_relative_model_path_is_not_sent_to_the_hub(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ValueError, match="no such model folder"):
+        load_model("models/whisper-small")
