@@ -5,7 +5,7 @@
     print(transcribe(bundle, "speech.flac").text)
 """
 
-__all__ = ["SubtitleOptions", "TranscribeOptions", "load_model", "make_assistant", "transcribe"]
+__all__ = ["SubtitleOptions", "TranscribeOptions", "load_model", "make_assistant", "transcribe", "transcribe_segments"]
 
 
 def __getattr__(name: str):
@@ -18,6 +18,10 @@ def __getattr__(name: str):
         from asr.transcribe import transcribe
 
         return transcribe
+    if name == "transcribe_segments":  # segments as they are decoded
+        from asr.live import transcribe_segments
+
+        return transcribe_segments
     if name == "TranscribeOptions":
         from asr.options import TranscribeOptions
 

@@ -69,6 +69,7 @@ class _ChunkItem(_Item):
     def __init__(self, file: _File, chunk_index: int, chunk: Chunk, options, initial_prompt: list[int]) -> None:
         super().__init__(file.index, file.samples[chunk.start:chunk.end], file.language, options, initial_prompt)
         self.file, self.chunk_index, self.chunk = file, chunk_index, chunk
+        self.prefix_pending = chunk_index == 0  # the prefix starts the recording's first window only
 
 
 def transcribe_chunked(decoder: _WindowDecoder, audios: list[np.ndarray], language: str | None,
@@ -133,7 +134,9 @@ def _chunk_items(files: list[_File], decoder: _WindowDecoder, options, initial_p
         if file.language is None:
             first = chunks[0]
             start = time.perf_counter()
-            file.language, file.language_probs = decoder.detect_language(file.samples[first.start:first.end])
+            several = options.language_detection_segments > 1  # then the windows after the first chunk too
+            file.language, file.language_probs = decoder.detect_language(
+                file.samples[first.start:None if several else first.end])
             file.stats.encode_seconds += time.perf_counter() - start
         for index, chunk in enumerate(chunks):
             yield _ChunkItem(file, index, chunk, options, initial_prompt)

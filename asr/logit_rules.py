@@ -83,7 +83,8 @@ class TimestampRules:
 
 
 def whisper_filters(special: SpecialTokens, sample_begin: int, timestamps: bool,
-                    max_initial_timestamp_index: int | None = 50) -> list[LogitsFilter]:
+                    max_initial_timestamp_index: int | None = 50,
+                    suppress_tokens: Sequence[int] | None = None) -> list[LogitsFilter]:
     """The filters openai-whisper applies, in its order: blank at begin, suppressed tokens, timestamp rules.
 
     Args:
@@ -91,9 +92,10 @@ def whisper_filters(special: SpecialTokens, sample_begin: int, timestamps: bool,
         sample_begin: the prompt's length: the first generated position.
         timestamps: whether the model predicts timestamp tokens.
         max_initial_timestamp_index: the latest timestamp the first one may be (50: 1 s), None for any.
+        suppress_tokens: ids suppressed at every step; None for the model's own list.
     """
     filters: list[LogitsFilter] = [SuppressAtBegin(special.begin_suppress_tokens, sample_begin),
-                                   SuppressTokens(special.suppress_tokens)]
+                                   SuppressTokens(special.suppress_tokens if suppress_tokens is None else suppress_tokens)]
     if timestamps:
         filters.append(TimestampRules(sample_begin=sample_begin, eot=special.eot, no_timestamps=special.no_timestamps,
                                       timestamp_begin=special.timestamp_begin,

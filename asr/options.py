@@ -62,6 +62,24 @@ class TranscribeOptions:
     # `vad` is given) into chunks of at most 30 s at pauses and decodes N chunks at a time, each without the
     # previous chunk's text.
     batch_size: int | None = None
+    # openai-whisper's and faster-whisper's further options (asr.more_options checks them).
+    # Token ids never generated; -1 stands for the model's own suppress list (openai-whisper's "-1").
+    suppress_tokens: tuple[int, ...] = (-1,)
+    # (start, end, start, end, ...) seconds: only these clips are decoded; an odd count runs to the end.
+    clip_timestamps: tuple[float, ...] = ()
+    # With word timestamps: skip silences longer than this (s) around segments that look hallucinated.
+    hallucination_silence_threshold: float | None = None
+    # The initial prompt comes before every window's previous text, not only the first window's.
+    carry_initial_prompt: bool = False
+    # Text the first window's output starts with (after the start sequence; faster-whisper's `prefix`).
+    prefix: str | None = None
+    # Text put in the prompt of windows without a prefix (faster-whisper's `hotwords`).
+    hotwords: str | None = None
+    # Language detection: over the first N windows (averaged), stopping at a window whose language is
+    # above the threshold; `multilingual` detects every window's language (Segment.language).
+    language_detection_segments: int = 1
+    language_detection_threshold: float = 0.5
+    multilingual: bool = False
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -80,6 +98,9 @@ class TranscribeOptions:
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
         self._check_search()
+        from asr.more_options import check_options
+
+        check_options(self)
 
     def _check_search(self) -> None:
         if self.beam_size is not None and self.beam_size < 1:

@@ -34,11 +34,15 @@ class Segment:
     compression_ratio: float
     no_speech_prob: float
     words: list[Word] | None = None
+    # The window's detected language, with multilingual detection (None otherwise).
+    language: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if self.words is None:
             del data["words"]
+        if self.language is None:
+            del data["language"]
         return data
 
 
@@ -95,9 +99,13 @@ class Transcript:
     language_probs: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "text": self.text,
             "language": self.language,
             "segments": [s.to_dict() for s in self.segments],
             "stats": self.stats.to_dict(),
         }
+        if self.language_probs is not None:
+            data["language_probs"] = {code: round(p, 6) for code, p in
+                                      sorted(self.language_probs.items(), key=lambda kv: -kv[1])}
+        return data

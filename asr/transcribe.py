@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from asr.alignment import add_word_timestamps
-from asr.chunks import SpeechMap
 from asr.decoder import WhisperDecoderAdapter
-from asr.language import check_task, detect_languages, resolve_language
+from asr.items import _Item, sequential_item
+from asr.language import check_task, resolve_language
 from asr.logit_rules import whisper_filters
+from asr.more_options import check_for_model, prompt_texts
 from asr.options import TranscribeOptions
-from asr.results import Segment, Transcript, TranscriptionStats
+from asr.results import Transcript
 from asr.window import (
     FallbackRules,
     WindowContext,
@@ -32,8 +33,7 @@ from asr.window import (
     no_speech_skip,
     split_segments,
 )
-from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
-from audio.vad import speech_regions
+from audio import HOP_LENGTH, SAMPLE_RATE, load_audio, log_mel
 from decoding import DraftSource
 
 logger = logging.getLogger(__name__)
@@ -118,18 +118,13 @@ def transcribe_many(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    language = resolve_language(options.language, bundle)
-    check_task(options.task, bundle)
-    initial = []
-    if options.initial_prompt:
-        initial = bundle.tokenizer.encode(" " + options.initial_prompt.strip(), add_special_tokens=False)
+    language, initial, decoder = prepare(bundle, options, assistant, window_observer)
     samples = [load_audio(audio) for audio in audios]
-    decoder = _WindowDecoder(bundle, options, assistant, window_observer)
     if options.batch_size is not None:
         from asr.chunked import transcribe_chunked
 
         return transcribe_chunked(decoder, samples, language, initial, progress)
-    items = [_sequential_item(index, audio, language, options, initial) for index, audio in enumerate(samples)]
+    items = [sequential_item(index, audio, language, options, initial) for index, audio in enumerate(samples)]
 
     def report(_: list[_Item]) -> None:
         if progress is not None and len(items) == 1:
@@ -137,6 +132,15 @@ def transcribe_many(
 
     decode_items(decoder, items, batch_size, after_batch=report)
     return [item.transcript() for item in items]
+
+
+def prepare(bundle, options: TranscribeOptions, assistant: WindowAssistant | None = None,
+            window_observer: Callable[[DecodedWindow], None] | None = None) -> tuple[str | None, list[int], _WindowDecoder]:
+    """Checks the options against the model; returns (the language or None, the initial prompt's tokens, the decoder)."""
+    language = resolve_language(options.language, bundle)
+    check_task(options.task, bundle)
+    decoder = _WindowDecoder(bundle, options, assistant, window_observer)
+    return language, decoder.texts.initial, decoder
 
 
 def decode_items(decoder: _WindowDecoder, items: Iterable[_Item], batch_size: int,
@@ -176,87 +180,6 @@ def decode_items(decoder: _WindowDecoder, items: Iterable[_Item], batch_size: in
             after_batch(active)
 
 
-def _sequential_item(index: int, samples: np.ndarray, language: str | None, options: TranscribeOptions,
-                     initial: list[int]) -> _Item:
-    """An audio's item for the sequential algorithm: all of it, or with `options.vad` its speech only."""
-    if options.vad is None:
-        return _Item(index, samples, language, options, initial)
-    start = time.perf_counter()
-    speech_map = SpeechMap(speech_regions(samples, options.vad))
-    item = _Item(index, speech_map.speech(samples), language, options, initial, speech_map)
-    item.start = start
-    item.stats.audio_seconds = len(samples) / SAMPLE_RATE
-    item.stats.vad_seconds = time.perf_counter() - start
-    logger.info("VAD: %.1f s of speech in %.1f s", len(item.samples) / SAMPLE_RATE, item.stats.audio_seconds)
-    return item
-
-
-class _Item:
-    """One audio's progress through the sequential algorithm."""
-
-    def __init__(self, index: int, samples: np.ndarray, language: str | None, options: TranscribeOptions,
-                 initial_prompt: list[int], speech_map: SpeechMap | None = None) -> None:
-        self.index = index
-        self.start = time.perf_counter()
-        # With VAD, `samples` is the speech only; the map gives times in the recording.
-        self.speech_map = speech_map
-        self.samples = samples
-        self.options = options
-        self.language = language
-        self.language_probs: dict[str, float] | None = None
-        self.stats = TranscriptionStats(audio_seconds=len(samples) / SAMPLE_RATE)
-        self.content_frames = len(samples) // HOP_LENGTH
-        self.seek = 0
-        self.segment_size = 0
-        self.segments: list[Segment] = []
-        self.all_tokens: list[int] = list(initial_prompt)  # the initial prompt conditions the first window
-        self.prompt_reset_since = 0
-        self.finished_at: float | None = None
-
-    @property
-    def done_seconds(self) -> float:
-        done = min(self.seek, self.content_frames) * HOP_LENGTH / SAMPLE_RATE
-        if self.speech_map is not None:
-            return self.stats.audio_seconds if self.seek >= self.content_frames else self.speech_map.original_time(done)
-        return done
-
-    @property
-    def window(self) -> np.ndarray:
-        return self.samples[self.seek * HOP_LENGTH: self.seek * HOP_LENGTH + N_SAMPLES]
-
-    def next_window(self) -> bool:
-        """Moves to the next window worth decoding (silent ones are skipped); False when the audio is done."""
-        while self.seek < self.content_frames:
-            self.segment_size = min(N_FRAMES, self.content_frames - self.seek)
-            if not _is_silent(self.window[: self.segment_size * HOP_LENGTH], self.options.silence_threshold_db):
-                return True
-            self.seek += self.segment_size
-        if self.finished_at is None:
-            self.finished_at = time.perf_counter()
-        return False
-
-    def previous(self, bundle) -> list[int]:
-        return _previous_text(self.all_tokens[self.prompt_reset_since:], bundle)
-
-    def consume(self, segments: list[Segment], advance: int, temperature: float) -> None:
-        for segment in segments:
-            segment.id = len(self.segments)
-            self.segments.append(segment)
-            self.all_tokens.extend(segment.tokens)
-        if not self.options.condition_on_previous_text or temperature > 0.5:
-            # A hot fallback means the previous text may be off; don't let it steer the next window.
-            self.prompt_reset_since = len(self.all_tokens)
-        self.seek += advance
-
-    def transcript(self) -> Transcript:
-        if self.speech_map is not None:
-            self.speech_map.restore(self.segments)
-            self.speech_map = None
-        self.stats.total_seconds = (self.finished_at or time.perf_counter()) - self.start
-        text = "".join(segment.text for segment in self.segments)
-        return Transcript(text, self.language or "en", self.segments, self.stats, self.language_probs)
-
-
 class _WindowDecoder:
     """Decodes the current window of several items at once: encoder, language, assisted decoding, segments, words."""
 
@@ -275,17 +198,19 @@ class _WindowDecoder:
                                        schedule, num_assistant_tokens, beam_size=options.beam_size or 1,
                                        patience=options.patience, length_penalty=options.length_penalty,
                                        best_of=options.best_of or 1)
+        self.suppress = check_for_model(options, bundle)
+        self.texts = prompt_texts(options, bundle)
 
     def decode_text(self, tokens: list[int]) -> str:
         return self.bundle.tokenizer.decode(tokens)
 
-    def detect_language(self, window: np.ndarray) -> tuple[str, dict[str, float]]:
-        """The language of one window of samples, and the probability of each language code."""
-        features = log_mel([window], self.bundle.n_mels)
-        decoder = WhisperDecoderAdapter(self.bundle.model, encode(self.bundle.model, features))
-        (language, probs), = detect_languages(decoder.rows([0]), self.bundle.special)
-        logger.info("detected language %s (p=%.2f)", language, probs[language])
-        return language, probs
+    def detect_language(self, samples: np.ndarray) -> tuple[str, dict[str, float]]:
+        """The language of the start of `samples` (its first window, or as many as the options say), and the
+        probability of each language code."""
+        from asr.detect import detect_language
+
+        return detect_language(self.bundle, samples, self.options.language_detection_segments,
+                               self.options.language_detection_threshold)
 
     def decode(self, items: list[_Item]) -> None:
         bundle, options, special = self.bundle, self.options, self.bundle.special
@@ -296,35 +221,53 @@ class _WindowDecoder:
         features = log_mel([item.window for item in items], bundle.n_mels)
         encoder_output = encode(bundle.model, features)
         model_decoder = WhisperDecoderAdapter(bundle.model, encoder_output)
-        undetected = [i for i, item in enumerate(items) if item.language is None]
-        if undetected:
-            found = detect_languages(model_decoder.rows(undetected), special)
-            for i, (language, probs) in zip(undetected, found):
-                items[i].language, items[i].language_probs = language, probs
-                logger.info("detected language %s (p=%.2f)", language, probs[language])
+        from asr.detect import detect_items
+
+        detect_items(self, items, model_decoder)
         elapsed = time.perf_counter() - t
 
         # 2. Decode with fallback, conditioned on the previous text; the assistant drafts (its encoder runs once).
-        previous = [item.previous(bundle) for item in items]
-        prompts, filters = [], []
-        for item, prev in zip(items, previous):
-            prompt, sot_index = special.prompt(prev, item.language, options.task, options.timestamps)
-            # <|startoftranscript|> sits as far from the end of every prompt (a negative index).
-            sot_from_end = sot_index - len(prompt)
+        previous, prompts, filters, forced, sot_ends = [], [], [], [], []
+        languages = _prompt_languages(items, options)
+        for item, language in zip(items, languages):
+            prev, prefix = item.previous(bundle), []
+            if self.texts.prefix and item.prefix_pending:
+                prefix = self.texts.prefix
+            elif self.texts.hotwords:  # faster-whisper: hotwords go where the previous text goes, first
+                room = bundle.model.config.max_target_positions // 2 - 1 - len(self.texts.hotwords)
+                prev = self.texts.hotwords + (prev[-room:] if room > 0 else [])
+            prompt, sot_index = special.prompt(prev, language, options.task, options.timestamps, prefix)
+            # Tokens the output is forced to start with (<|0.00|> and the prefix): the rules see them as generated.
+            start = len(prompt) - (len(prefix) + options.timestamps if prefix else 0)
+            previous.append(prev)
             prompts.append(prompt)
-            filters.append(whisper_filters(special, len(prompt), options.timestamps))
+            forced.append(prompt[start:])
+            # <|startoftranscript|> sits this far from the end of the prompt (a negative index).
+            sot_ends.append(sot_index - len(prompt))
+            filters.append(whisper_filters(special, start, options.timestamps, suppress_tokens=self.suppress))
         make_draft = None
         if self.assistant is not None:
             contexts = [WindowContext(features[i:i + 1], encoder_output[i:i + 1], prompts[i], filters[i], previous[i],
-                                      item.language, options.task, options.timestamps) for i, item in enumerate(items)]
+                                      language, options.task, options.timestamps, forced[i])
+                        for i, language in enumerate(languages)]
             make_draft, assistant_seconds = self.assistant.prepare(contexts)
             elapsed += assistant_seconds
         for item in items:
             item.stats.encode_seconds += elapsed * share
         t = time.perf_counter()
-        decoded = decode_windows(model_decoder, prompts, filters, self.settings, make_draft=make_draft,
-                                 sot_from_end=sot_from_end,
-                                 seed=None if options.seed is None else options.seed + items[0].seek)
+        decoded: list = [None] * len(items)
+        # Windows whose start sequence is as far from the end of the prompt are decoded together (a prefix moves it).
+        for sot_from_end in sorted(set(sot_ends)):
+            rows = [i for i, s in enumerate(sot_ends) if s == sot_from_end]
+            group_draft = None
+            if make_draft is not None:
+                group_draft = (lambda sub, rows=rows: make_draft([rows[r] for r in sub]))
+            group = decode_windows(model_decoder if len(rows) == len(items) else model_decoder.rows(rows),
+                                   [prompts[i] for i in rows], [filters[i] for i in rows], self.settings,
+                                   make_draft=group_draft, sot_from_end=sot_from_end,
+                                   seed=None if options.seed is None else options.seed + items[0].seek)
+            for i, result in zip(rows, group):
+                decoded[i] = result
         elapsed = time.perf_counter() - t
 
         # 3. Cut each window into segments; word times come from one more pass of the model over the final tokens.
@@ -334,30 +277,33 @@ class _WindowDecoder:
             item.stats.windows += 1
             if self.observer is not None:
                 self.observer(DecodedWindow(item.index, encoder_output[i], prompts[i], result.tokens, result.temperature))
+            item.prefix_pending = False
             if no_speech_skip(result, self.rules):
                 item.consume([], item.segment_size, result.temperature)
                 continue
+            if forced[i]:
+                result = replace(result, tokens=forced[i] + result.tokens)
             time_offset = item.seek * HOP_LENGTH / SAMPLE_RATE
             segments, advance = split_segments(result, special, item.seek, item.segment_size, self.decode_text)
+            if options.multilingual:
+                for segment in segments:
+                    segment.language = item.window_language
             if options.word_timestamps and segments:
                 t = time.perf_counter()
-                sot_index = len(prompts[i]) + sot_from_end
+                sot_index = len(prompts[i]) + sot_ends[i]
                 # openai-whisper's alignment pass: the start sequence, <|notimestamps|> (once), the text tokens.
-                start_sequence = [t for t in prompts[i][sot_index:] if t != special.no_timestamps]
+                start_sequence = [t for t in prompts[i][sot_index:len(prompts[i]) - len(forced[i])]
+                                  if t != special.no_timestamps]
                 start_sequence.append(special.no_timestamps)
                 add_word_timestamps(segments, bundle, encoder_output[i:i + 1], start_sequence, item.segment_size,
-                                    time_offset, item.language)
+                                    time_offset, item.window_language or item.language)
                 item.stats.decode_seconds += time.perf_counter() - t
+                if options.hallucination_silence_threshold is not None:
+                    from asr.hallucination import skip_hallucinations
+
+                    segments, advance = skip_hallucinations(item, result, segments, advance, special.timestamp_begin)
             item.consume(segments, advance, result.temperature)
 
 
-def _is_silent(samples: np.ndarray, threshold_db: float | None) -> bool:
-    """True when the samples never reach `threshold_db` dBFS."""
-    if threshold_db is None or samples.size == 0:
-        return threshold_db is not None
-    return float(np.abs(samples).max()) < 10.0 ** (threshold_db / 20.0)
-
-
-def _previous_text(tokens: list[int], bundle) -> list[int]:
-    """The tail of the previous text that fits in the prompt: half the decoder context (openai-whisper's limit)."""
-    return tokens[-(bundle.model.config.max_target_positions // 2 - 1):] if tokens else []
+def _prompt_languages(items: list[_Item], options: TranscribeOptions) -> list[str | None]:
+    return [item.window_language if options.multilingual else item.language for item in items]

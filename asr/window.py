@@ -4,7 +4,7 @@ timestamped segments."""
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -46,6 +46,8 @@ class WindowContext:
     language: str
     task: str
     timestamps: bool
+    # The prompt's last tokens, which the output is forced to start with (<|0.00|> and a prefix), model ids.
+    forced: list[int] = field(default_factory=list)
 
 
 @dataclass

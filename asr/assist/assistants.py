@@ -80,8 +80,10 @@ class FullAssistant:
                 return AssistantDraft(decoder.rows(rows), row_filters=[windows[r].filters for r in rows])
             return make_draft, seconds
 
-        prompts = [self._prompt(w) for w in windows]
-        filters = [whisper_filters(self.bundle.special, len(prompt), w.timestamps) for prompt, w in zip(prompts, windows)]
+        prompts, forced = zip(*(self._prompt(w) for w in windows))
+        # A forced start (prefix) counts as generated for the rules, as in the model's filters.
+        filters = [whisper_filters(self.bundle.special, len(prompt) - n, w.timestamps)
+                   for prompt, n, w in zip(prompts, forced, windows)]
 
         def make_bridged_draft(rows: list[int]) -> DraftSource:
             return CrossTokenizerDraft(decoder.rows(rows), self.model_tokenizer, self.bundle.tokenizer,
@@ -89,16 +91,21 @@ class FullAssistant:
                                        row_filters=[filters[r] for r in rows])
         return make_bridged_draft, seconds
 
-    def _prompt(self, window: WindowContext) -> list[int]:
+    def _prompt(self, window: WindowContext) -> tuple[list[int], int]:
         """The window's prompt in the assistant's tokens: the previous text re-tokenized (its last 223 tokens),
-        and English where the assistant does not know the window's language."""
+        and English where the assistant does not know the window's language; and how many of its last tokens
+        are a forced start (<|0.00|> and the prefix re-tokenized)."""
         special = self.bundle.special
         previous: list[int] = []
         if window.previous:
             text = self.model_tokenizer.decode([t for t in window.previous if t < self.model_eot])
             previous = self.bundle.tokenizer.encode(text, add_special_tokens=False)[-223:]
         language = window.language if window.language in special.languages else "en"
-        return special.prompt(previous, language, window.task, window.timestamps)[0]
+        # A forced start (<|0.00|> and a prefix) is re-tokenized too; `prompt` puts <|0.00|> back first.
+        text = [t for t in window.forced if t < self.model_eot]
+        prefix = self.bundle.tokenizer.encode(self.model_tokenizer.decode(text), add_special_tokens=False) if text else []
+        prompt = special.prompt(previous, language, window.task, window.timestamps, prefix)[0]
+        return prompt, (len(prefix) + window.timestamps if prefix else 0)
 
 
 def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch.nn.Module, torch.dtype | None]:

@@ -174,6 +174,9 @@ def run_batch(source: str, output: str | Path, bundle: Any, assistant: Any = Non
     start = time.perf_counter()
     resolve_language(options.language, bundle)
     check_task(options.task, bundle)
+    from asr.more_options import check_for_model
+
+    check_for_model(options, bundle)
     output = Path(output)
     own = output if processes.count == 1 else part_path(output, processes.index, processes.count)
     summary = BatchSummary(processes=processes.count)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from asr.cli.decode_options import decoding_options, take_decoding
 from asr.cli.runtime import (
     DEVICES,
     DTYPE_HELP,
@@ -54,10 +55,11 @@ from asr.constants import TASKS
 @click.option("--threads", type=int, default=None,
               help="Torch CPU threads per process (default: the cores shared among the processes on this machine).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@decoding_options
 def batch_command(source, output, model, assistant, language, task, without_timestamps, word_timestamps, segments,
                   beam_size, patience, length_penalty, best_of, batch_size, chunked, workers, resume, retry_errors,
                   overwrite, audio_column, text_column, split, device, dtype, offload, offload_folder, max_memory,
-                  threads, quiet) -> None:
+                  threads, quiet, **more) -> None:
     """Transcribe every item of SOURCE (a folder, a JSONL/CSV manifest, or a dataset) into one JSON row each.
 
     A failed item gets a row with `error` and the run goes on; the exit status is then 1, as it is for an
@@ -82,7 +84,7 @@ def batch_command(source, output, model, assistant, language, task, without_time
         search, assistant = search_settings(assistant, beam_size, patience, length_penalty, best_of)
         options = TranscribeOptions(language=language, task=task, timestamps=not without_timestamps,
                                     word_timestamps=word_timestamps, batch_size=batch_size if chunked else None,
-                                    **search)
+                                    **search, **take_decoding(more))
         lock = prepare_output(output_path, batch, processes)
     except ValueError as error:
         raise click.ClickException(str(error)) from None

@@ -6,6 +6,12 @@ import sys
 
 import click
 
+from asr.cli.decode_options import (
+    check_for_model_cli,
+    decoding_options,
+    detect_languages_cli,
+    take_decoding,
+)
 from asr.cli.runtime import (
     DEVICES,
     DTYPE_HELP,
@@ -19,8 +25,8 @@ from asr.cli.transcribe_io import STDIN_NAME, check_writable, subtitle_options
 from asr.constants import OUTPUT_FORMATS, TASKS
 from decoding.schedule import SCHEDULES
 
-# Files longer than this get a progress bar (one 30 s window is over quickly).
-PROGRESS_MIN_SECONDS = 60.0
+# Files longer than this (one window) get a progress bar.
+PROGRESS_MIN_SECONDS = 30.0
 
 
 @click.command("transcribe")
@@ -63,13 +69,21 @@ PROGRESS_MIN_SECONDS = 60.0
 @click.option("--vad-speech-pad-ms", type=int, default=None, help="Padding on both sides of speech [default: 400].")
 @click.option("--vad-max-speech-s", type=float, default=None,
               help="Cut longer speech at its longest pause [default: none; 30 with --batch-size].")
+@decoding_options
+@click.option("--clip-timestamps", default="", metavar="START,END,...",
+              help="Transcribe only these clips (seconds; an odd count runs to the end).")
+@click.option("--carry-initial-prompt", is_flag=True,
+              help="Put the initial prompt before every window's previous text, not only the first window's.")
+@click.option("--prefix", default=None, help="Text the first window's transcript starts with.")
+@click.option("--verbose", "-v", is_flag=True, help="Print each segment as it is decoded (no progress bar).")
+@click.option("--detect-language", is_flag=True, help="Only print each file's detected language and its probability.")
 @subtitle_options
 def transcribe(files, model, assistant, language, task, output_format, output_dir, without_timestamps,
                word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, beam_size, patience,
                length_penalty, best_of, schedule, num_assistant_tokens, device, dtype, offload, offload_folder,
                max_memory, threads, quiet, batch_size,
                vad, vad_threshold, vad_min_speech_ms, vad_min_silence_ms, vad_speech_pad_ms, vad_max_speech_s,
-               subtitle_layout, split_stereo) -> None:
+               subtitle_layout, split_stereo, **more) -> None:
     """Transcribe (or translate) audio FILES of any length.
 
     A FILE of - reads the audio (any format a file may have) from standard input; -o DIR then writes
@@ -93,6 +107,8 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
             initial_prompt=initial_prompt, temperatures=_floats(temperatures, "--temperature"),
             condition_on_previous_text=not no_condition_on_previous_text, schedule=schedule,
             num_assistant_tokens=num_assistant_tokens, vad=vad_options, batch_size=batch_size, **search,
+            **take_decoding(more), clip_timestamps=more["clip_timestamps"], prefix=more["prefix"],
+            carry_initial_prompt=more["carry_initial_prompt"],
         )
         formats = output_formats(output_format)
         subtitles = parse_subtitles(subtitle_layout, word_timestamps)
@@ -102,16 +118,22 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
             raise ValueError("-f all writes one file per format: give an output folder with -o DIR")
         if output_dir is not None:
             check_writable(output_dir)
+        if more["detect_language"]:
+            assistant = "none"
         bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading)
+        check_for_model_cli(options, bundle, more["detect_language"])
     except ValueError as error:
         raise click.ClickException(str(error)) from None
+    if more["detect_language"]:
+        sys.exit(detect_languages_cli(bundle, files, options))
     failures = 0
     stems = output_stems([STDIN_NAME if path == "-" else path for path in files])
     for path, stem in zip(files, stems):
         try:
             audios = audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read())
             transcripts = [(audio, transcribe_file(bundle, audio.source, options, helper, show_progress=not quiet,
-                                                   name=audio.name)) for audio in audios]
+                                                   name=audio.name, verbose=more["verbose"]))
+                           for audio in audios]
         except ValueError as error:  # AudioError and option errors: one line, then the next file
             click.echo(f"error: {error}", err=True)
             failures += 1
@@ -137,15 +159,18 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
         sys.exit(1)
 
 
-def transcribe_file(bundle, path, options, assistant=None, show_progress: bool = True, name: str | None = None):
-    """Transcribes one file (or samples, then called `name`), with a progress bar on stderr for long audio."""
-    from asr.transcribe import transcribe
+def transcribe_file(bundle, path, options, assistant=None, show_progress: bool = True, name: str | None = None,
+                    verbose: bool = False):
+    """Transcribes one file (or samples, then called `name`), with a progress bar on stderr for audio longer than a
+    window, or with `verbose` each segment on stdout as it is decoded (openai-whisper's `[00:00.000 --> 00:04.000]  text`)."""
+    from asr.live import transcribe_segments
+    from asr.writers import format_timestamp
 
     bar = None
 
     def progress(done: float, total: float) -> None:
         nonlocal bar
-        if bar is None and total >= PROGRESS_MIN_SECONDS:
+        if bar is None and total > PROGRESS_MIN_SECONDS:
             from tqdm import tqdm
 
             bar = tqdm(total=round(total, 1), unit="s", desc=str(name or path), file=sys.stderr, leave=False)
@@ -153,7 +178,19 @@ def transcribe_file(bundle, path, options, assistant=None, show_progress: bool =
             bar.update(round(done, 1) - bar.n)
 
     try:
-        return transcribe(bundle, path, options, assistant, progress if show_progress else None)
+        transcription = transcribe_segments(bundle, path, options, assistant,
+                                            progress if show_progress and not verbose else None)
+        told = False
+        for segment in transcription:
+            if verbose and not told and transcription.language_probs is not None:
+                from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+                # openai-whisper's line when the language was detected.
+                click.echo(f"Detected language: {LANGUAGES.get(transcription.language, transcription.language).title()}")
+            told = True
+            if verbose:
+                click.echo(f"[{format_timestamp(segment.start)} --> {format_timestamp(segment.end)}] {segment.text}")
+        return transcription.result()
     finally:
         if bar is not None:
             bar.close()

@@ -42,9 +42,12 @@ class SpecialTokens:
     suppress_tokens: tuple[int, ...]  # suppressed at every step
     begin_suppress_tokens: tuple[int, ...]  # suppressed at the first sampled position
 
-    def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool) -> tuple[list[int], int]:
+    def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool,
+               prefix: list[int] | tuple[int, ...] = ()) -> tuple[list[int], int]:
         """The decoder prompt: the previous text after <|startofprev|> (if any), then the start-of-transcript
-        sequence (language and task tokens for multilingual models; <|notimestamps|> without timestamps).
+        sequence (language and task tokens for multilingual models; <|notimestamps|> without timestamps),
+        then `prefix`: tokens the output is forced to start with (faster-whisper's prefix, <|0.00|> first
+        with timestamps).
 
         Returns:
             (the prompt, the index of <|startoftranscript|> in it).
@@ -56,6 +59,8 @@ class SpecialTokens:
             prompt += [self.languages[language], self.translate if task == "translate" else self.transcribe]
         if not timestamps:
             prompt.append(self.no_timestamps)
+        if prefix:
+            prompt += ([self.timestamp_begin] if timestamps else []) + list(prefix)
         return prompt, sot_index
 
 

@@ -1,0 +1,71 @@
+"""Language detection over one or more windows (faster-whisper's `language_detection_segments` and
+`language_detection_threshold`), and per window for multilingual transcription."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from asr.decoder import WhisperDecoderAdapter
+from asr.language import detect_languages
+from asr.window import encode
+from audio import HOP_LENGTH, N_SAMPLES, log_mel
+
+if TYPE_CHECKING:
+    from asr.items import _Item
+
+logger = logging.getLogger(__name__)
+
+
+def detect_language(bundle, samples: np.ndarray, segments: int = 1, threshold: float = 0.5) -> tuple[str, dict[str, float]]:
+    """The language of the first `segments` 30 s windows of `samples`, and each language code's probability.
+
+    The windows are classified one at a time: the first whose most likely language is above `threshold` decides;
+    otherwise the probabilities are averaged over the windows and the most likely language wins.
+
+    Raises:
+        ValueError: an English-only model (it has no language tokens).
+    """
+    if not bundle.is_multilingual:
+        raise ValueError(f"model {bundle.name} is English-only; it has no languages to detect")
+    starts = range(0, max(len(samples), 1), N_SAMPLES)
+    seen: list[dict[str, float]] = []
+    for start in list(starts)[:segments]:
+        features = log_mel([samples[start:start + N_SAMPLES]], bundle.n_mels)
+        decoder = WhisperDecoderAdapter(bundle.model, encode(bundle.model, features))
+        (language, probs), = detect_languages(decoder, bundle.special)
+        if probs[language] > threshold:
+            seen = [probs]
+            break
+        seen.append(probs)
+    average = {code: sum(p[code] for p in seen) / len(seen) for code in seen[0]}
+    language = max(average, key=average.get)
+    logger.info("detected language %s (p=%.2f) over %d window(s)", language, average[language], len(seen))
+    return language, average
+
+
+def detect_items(window_decoder, items: list[_Item], model_decoder: WhisperDecoderAdapter) -> None:
+    """Sets the language of items that have none (and, multilingual, of every item's current window).
+
+    One window each from the model's encoder output of the batch; several windows of the item's audio from
+    its current position when `options.language_detection_segments` > 1.
+    """
+    bundle, options = window_decoder.bundle, window_decoder.options
+    if options.language_detection_segments > 1:
+        for item in items:
+            if item.language is None:
+                item.language, item.language_probs = detect_language(
+                    bundle, item.samples[item.seek * HOP_LENGTH:], options.language_detection_segments,
+                    options.language_detection_threshold)
+                item.window_language = item.language
+    rows = [i for i, item in enumerate(items) if item.language is None or options.multilingual]
+    if not rows:
+        return
+    for i, (language, probs) in zip(rows, detect_languages(model_decoder.rows(rows), bundle.special)):
+        item = items[i]
+        if item.language is None:
+            item.language, item.language_probs = language, probs
+            logger.info("detected language %s (p=%.2f)", language, probs[language])
+        item.window_language = language
