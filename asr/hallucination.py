@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from asr.more_options import FRAMES_PER_SECOND
 from asr.results import Segment, Word
-from audio.constants import HOP_LENGTH, N_FRAMES, SAMPLE_RATE
+from audio.constants import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE
 
 if TYPE_CHECKING:
     from asr.items import _Item
-    from asr.window import WindowResult
+    from asr.whisper.window import WindowResult
 
 PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
 

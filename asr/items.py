@@ -9,8 +9,7 @@ import time
 import numpy as np
 
 from asr.chunks import SpeechMap
-from asr.more_options import seek_clips
-from asr.options import TranscribeOptions
+from asr.options import TranscribeOptions, seek_clips
 from asr.results import Segment, Transcript, TranscriptionStats
 from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE
 from audio.vad import speech_regions

@@ -16,15 +16,14 @@ from typing import Callable, Iterable, Protocol, Sequence
 import numpy as np
 import torch
 
-from asr.alignment import add_word_timestamps
-from asr.decoder import WhisperDecoderAdapter
 from asr.items import _Item, sequential_item
-from asr.language import check_task, resolve_language
-from asr.logit_rules import whisper_filters
-from asr.more_options import check_for_model, prompt_texts
-from asr.options import TranscribeOptions
+from asr.options import TranscribeOptions, check_for_model, prompt_texts
 from asr.results import Transcript
-from asr.window import (
+from asr.whisper.alignment import add_word_timestamps
+from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.language import check_task, resolve_language
+from asr.whisper.logit_rules import whisper_filters
+from asr.whisper.window import (
     FallbackRules,
     WindowContext,
     WindowSettings,
@@ -207,7 +206,7 @@ class _WindowDecoder:
     def detect_language(self, samples: np.ndarray) -> tuple[str, dict[str, float]]:
         """The language of the start of `samples` (its first window, or as many as the options say), and the
         probability of each language code."""
-        from asr.detect import detect_language
+        from asr.whisper.language import detect_language
 
         return detect_language(self.bundle, samples, self.options.language_detection_segments,
                                self.options.language_detection_threshold)
@@ -221,7 +220,7 @@ class _WindowDecoder:
         features = log_mel([item.window for item in items], bundle.n_mels)
         encoder_output = encode(bundle.model, features)
         model_decoder = WhisperDecoderAdapter(bundle.model, encoder_output)
-        from asr.detect import detect_items
+        from asr.whisper.language import detect_items
 
         detect_items(self, items, model_decoder)
         elapsed = time.perf_counter() - t

@@ -62,7 +62,7 @@ FAMILIES = {
 
 def _rounds(model: torch.nn.Module, draft_model: torch.nn.Module, encoder_output: torch.Tensor) -> dict:
     """Whole rounds: plain greedy vs a student and vs an identical assistant (all accepted), 128 tokens, batch 1."""
-    from asr.decoder import WhisperDecoderAdapter
+    from asr.whisper.decoder import WhisperDecoderAdapter
     from decoding import AssistantDraft
     from decoding.engine import GenerationOptions, generate
 
@@ -104,8 +104,8 @@ def shapes_table(results: dict) -> str:
 def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds: bool, family: str) -> None:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from asr.decoder import WhisperDecoderAdapter
-    from asr.window import encode
+    from asr.whisper.decoder import WhisperDecoderAdapter
+    from asr.whisper.window import encode
 
     shape, decoders = FAMILIES[family]
     teacher, student = decoders[0][0], decoders[-1][0]

@@ -59,8 +59,8 @@ def pass_costs(readers: list[str], repeats: int) -> dict:
     import torch
 
     from asr.assist.choose import make_assistant
-    from asr.decoder import WhisperDecoderAdapter
     from asr.models.registry import load_model
+    from asr.whisper.decoder import WhisperDecoderAdapter
 
     models = {"memory": load_model("base").model}
     for reader in readers:

@@ -22,10 +22,10 @@ import torch
 from benchlib import command_line, figure_path, timed, write_figures
 
 from asr.assist.choose import make_assistant
-from asr.decoder import WhisperDecoderAdapter
 from asr.models.precision import INT8, native_bfloat16
 from asr.models.registry import load_model
-from asr.window import encode
+from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.window import encode
 from decoding.kernels import reference_kernels
 
 WIDTHS = (1, 6, 11)

@@ -21,9 +21,9 @@ from benchlib import command_line, figure_path, timed, write_figures
 from torch.profiler import ProfilerActivity, profile
 
 from asr.assist.assistants import low_precision_decoder
-from asr.decoder import WhisperDecoderAdapter
 from asr.models.registry import load_model
-from asr.window import encode
+from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.window import encode
 
 MATMULS = ("aten::addmm", "aten::mm", "aten::_weight_int8pack_mm")
 ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"

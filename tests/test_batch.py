@@ -17,9 +17,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from asr.batch.run import BatchOptions, BatchSummary, prepare_output, run_batch
-from asr.cli.batch import batch_command
 from asr.batch.output import RowWriter, read_done_ids
+from asr.batch.run import BatchOptions, BatchSummary, prepare_output, run_batch
 from asr.batch.shards import (
     Processes,
     detect_processes,
@@ -28,6 +27,7 @@ from asr.batch.shards import (
     merge_parts,
     part_path,
 )
+from asr.cli.batch import batch_command
 from tests.conftest import REPO, SAMPLES, evaldata
 
 GOOD = ["park.flac", "numbers.flac", "station.flac"]

@@ -12,9 +12,9 @@ import torch
 from click.testing import CliRunner
 
 from asr.cli import main
-from asr.decoder import WhisperDecoderAdapter
-from asr.logit_rules import whisper_filters
-from asr.window import FallbackRules, WindowSettings, decode_windows
+from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.logit_rules import whisper_filters
+from asr.whisper.window import FallbackRules, WindowSettings, decode_windows
 from decoding.beam import BeamOptions, beam_search_batch, rank
 from decoding.drafts import AssistantDraft
 from decoding.engine import GenerationOptions, generate_batch

@@ -22,7 +22,13 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from decoding import AssistantDraft, CausalLMAdapter, GenerationOptions, causal_lm_adapter, generate
+from decoding import (
+    AssistantDraft,
+    CausalLMAdapter,
+    GenerationOptions,
+    causal_lm_adapter,
+    generate,
+)
 from decoding.causal_lm import GPT2Pass, LlamaPass, direct_pass_unsupported
 from decoding.engine import generate_batch
 from decoding.kernels import reference_kernels

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from asr.decoder import WhisperDecoderAdapter
-from asr.window import encode
+from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.window import encode
 from audio import load_audio
 from audio.features import log_mel, pad_or_trim
 from decoding.kernels import reference_kernels

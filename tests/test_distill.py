@@ -10,8 +10,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asr.cli import main
 from asr.assist.draft import DraftDecoder, load_draft
+from asr.cli import main
 from tests.conftest import SAMPLES
 from tests.test_ct2 import tiny_whisper
 

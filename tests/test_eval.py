@@ -12,8 +12,8 @@ import jiwer
 import pytest
 from click.testing import CliRunner
 
-from eval.backends import Decoded, LibraryBackend
 from asr.cli.eval import eval_command
+from eval.backends import Decoded, LibraryBackend
 from eval.configs import EvalConfig, parse_config, parse_configs
 from eval.metrics import summarize
 from eval.normalize import normalize

@@ -1,4 +1,4 @@
-"""Whisper's logit rules (`asr.logit_rules`), on a toy vocabulary: the masks `SuppressAtBegin` and `TimestampRules`
+"""Whisper's logit rules (`asr.whisper.logit_rules`), on a toy vocabulary: the masks `SuppressAtBegin` and `TimestampRules`
 apply, one position at a time and over several drafted positions at once."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr.logit_rules import SuppressAtBegin, TimestampRules, whisper_filters
+from asr.whisper.logit_rules import SuppressAtBegin, TimestampRules, whisper_filters
 from decoding.filters import SuppressTokens
 
 # A toy vocabulary of 20: text 0-4, end-of-text 5, no-timestamps 6, other specials 7-9, timestamps 10-19.

@@ -14,11 +14,17 @@ from click.testing import CliRunner
 from asr.assist.assistants import SharedEncoderAssistant
 from asr.assist.choose import OFFLOAD_SCHEDULE, make_assistant
 from asr.cli import main
-from asr.decoder import WhisperDecoderAdapter
-from asr.models.offload import OffloadError, OffloadOptions, offload_store, parse_size, plan_placement
-from asr.options import TranscribeOptions
+from asr.models.offload import (
+    OffloadError,
+    OffloadOptions,
+    offload_store,
+    parse_size,
+    plan_placement,
+)
 from asr.models.registry import load_model
+from asr.options import TranscribeOptions
 from asr.transcribe import transcribe
+from asr.whisper.decoder import WhisperDecoderAdapter
 from tests.test_ct2 import tiny_whisper
 from tests.test_registry import save_processor
 

@@ -125,7 +125,7 @@ def test_generator_yields_the_segments_of_transcribe(tiny) -> None:
 
 
 def test_language_probs_and_multi_window_detection(tiny) -> None:
-    from asr.detect import detect_language
+    from asr.whisper.language import detect_language
     from asr.writers import write_json
 
     audio = noise(40)
@@ -236,7 +236,7 @@ def test_batched_windows_with_and_without_prefix_match_alone(tiny) -> None:
 
 def test_full_assistant_prompt_keeps_the_forced_start(tiny) -> None:
     from asr.assist.assistants import FullAssistant
-    from asr.window import WindowContext
+    from asr.whisper.window import WindowContext
 
     prefix = tiny.tokenizer.encode(" hello", add_special_tokens=False)
     model_prompt, _ = tiny.special.prompt([], "en", "transcribe", True, prefix)
@@ -263,8 +263,8 @@ def test_english_only_models_refuse_language_detection(tiny) -> None:
     from types import SimpleNamespace
 
     from asr.cli.decode_options import check_for_model_cli as _check_for_model
-    from asr.detect import detect_language
-    from asr.more_options import check_for_model
+    from asr.options import check_for_model
+    from asr.whisper.language import detect_language
 
     english = SimpleNamespace(name="tiny.en", is_multilingual=False, tokenizer=tiny.tokenizer, special=tiny.special)
     with pytest.raises(ValueError, match="English-only"):
@@ -313,7 +313,7 @@ def test_a_hallucination_between_silences_is_dropped_and_skipped() -> None:
 
     from asr.hallucination import is_segment_anomaly, skip_hallucinations
     from asr.results import Segment, Word
-    from asr.window import WindowResult
+    from asr.whisper.window import WindowResult
 
     def segment(start: float, end: float, probability: float) -> Segment:
         words = [Word(" word", start + i * (end - start) / 3, start + (i + 1) * (end - start) / 3, probability)

@@ -9,9 +9,9 @@ import torch
 from click.testing import CliRunner
 
 from asr.cli import main
-from asr.decoder import WhisperDecoderAdapter
 from asr.models.int8 import Int8Linear
 from asr.models.precision import INT8, resolve_precision
+from asr.whisper.decoder import WhisperDecoderAdapter
 from tests.conftest import evaldata
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"

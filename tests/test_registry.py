@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import WhisperFeatureExtractor, WhisperForCausalLM
 
-from asr.models import cache, registry
+from asr.models import cache
 from asr.models.convert import to_ct2_variables
 from asr.models.ct2 import write_ct2
 from asr.models.registry import (

@@ -22,7 +22,17 @@ from decoding import (
     causal_lm_adapter,
     generate,
 )
-from tests.test_engine import ARCHS, KINDS, NEW_TOKENS, SEEDS, Recorder, check_stats, draft_for, model, prompt_for
+from tests.test_engine import (
+    ARCHS,
+    KINDS,
+    NEW_TOKENS,
+    SEEDS,
+    Recorder,
+    check_stats,
+    draft_for,
+    model,
+    prompt_for,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""One window's rules (`asr.window`): the fallback checks, the silence skip, the compression ratio, and the cut of
+"""One window's rules (`asr.whisper.window`): the fallback checks, the silence skip, the compression ratio, and the cut of
 a window's tokens into segments (openai-whisper's rules), on hand-made tokens."""
 
 from __future__ import annotations
@@ -7,7 +7,13 @@ import zlib
 
 import pytest
 
-from asr.window import FallbackRules, WindowResult, compression_ratio, no_speech_skip, split_segments
+from asr.whisper.window import (
+    FallbackRules,
+    WindowResult,
+    compression_ratio,
+    no_speech_skip,
+    split_segments,
+)
 
 OPENAI = FallbackRules((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), compression_ratio_threshold=2.4, logprob_threshold=-1.0,
                        no_speech_threshold=0.6)

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from asr.results import Segment, Transcript, TranscriptionStats, Word
-from asr.writers import FORMATS, WRITERS, format_timestamp, output_formats, write_outputs
+from asr.writers import (
+    FORMATS,
+    WRITERS,
+    format_timestamp,
+    output_formats,
+    write_outputs,
+)
 
 
 def segment(index: int, start: float, end: float, text: str, words: list[Word] | None = None) -> Segment:

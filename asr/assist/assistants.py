@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import torch
 
-from asr.decoder import WhisperDecoderAdapter
 from asr.errors import first_line
-from asr.logit_rules import whisper_filters
-from asr.window import WindowContext, encode
+from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.logit_rules import whisper_filters
+from asr.whisper.window import WindowContext, encode
 from decoding import AssistantDraft, DraftSource
 from decoding.universal import CrossTokenizerDraft
 

@@ -77,7 +77,7 @@ class DraftDecoder(torch.nn.Module):
     """A Whisper decoder of a few layers that shares its model's embeddings, positions and output head.
 
     Exposes `get_decoder()`, `get_output_embeddings()` and `config`, so it drafts through the same direct
-    decoder pass as the model (`asr.decoder.WhisperDecoderAdapter`) and can be copied to int8 like any decoder.
+    decoder pass as the model (`asr.whisper.decoder.WhisperDecoderAdapter`) and can be copied to int8 like any decoder.
     """
 
     def __init__(self, model: torch.nn.Module, layers: Sequence[int]) -> None:

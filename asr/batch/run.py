@@ -15,8 +15,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -169,12 +169,12 @@ def run_batch(source: str, output: str | Path, bundle: Any, assistant: Any = Non
     Raises:
         ValueError: a source that cannot be read, or options the model cannot honour (before any compute).
     """
-    from asr.language import check_task, resolve_language
+    from asr.whisper.language import check_task, resolve_language
 
     start = time.perf_counter()
     resolve_language(options.language, bundle)
     check_task(options.task, bundle)
-    from asr.more_options import check_for_model
+    from asr.options import check_for_model
 
     check_for_model(options, bundle)
     output = Path(output)

@@ -60,7 +60,7 @@ def take_decoding(values: dict[str, Any]) -> dict[str, Any]:
 
 def check_for_model_cli(options, bundle, detect_only: bool) -> None:
     """Errors for options the model cannot honour, before any file; a note for detection options that do nothing."""
-    from asr.more_options import check_for_model
+    from asr.options import check_for_model
 
     check_for_model(options, bundle)
     detection = options.language_detection_segments != 1 or options.language_detection_threshold != 0.5
@@ -75,7 +75,7 @@ def check_for_model_cli(options, bundle, detect_only: bool) -> None:
 
 def detect_languages_cli(bundle, files, options) -> int:
     """Prints `FILE: CODE PROBABILITY` per file; returns the exit status (1 when a file failed)."""
-    from asr.detect import detect_language
+    from asr.whisper.language import detect_language
     from audio import load_audio
 
     failures = 0

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from asr.decoder import WhisperDecoderAdapter
 from asr.distill.tts import Voice, available_voices, degrade, synthesize
 from asr.options import TranscribeOptions
 from asr.transcribe import DecodedWindow, transcribe_many
+from asr.whisper.decoder import WhisperDecoderAdapter
 from audio import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)

@@ -92,7 +92,7 @@ def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
         quantize_linears(layer)
     decoder.to(torch.bfloat16)
     model.get_encoder().to(torch.bfloat16)
-    # Every decoder pass attends over all key slots (`asr.decoder.WhisperDecoderAdapter`): a row's logits are then
+    # Every decoder pass attends over all key slots (`asr.whisper.decoder.WhisperDecoderAdapter`): a row's logits are then
     # the same bits in a one-token step and in a check of drafts.
     model.attention_span = model.config.max_target_positions
     logger.debug("int8 decoder and head, bfloat16 encoder")

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from asr.decoder import WhisperDecoderAdapter
 from asr.results import Segment
+from asr.whisper.decoder import WhisperDecoderAdapter
 from audio.constants import HOP_LENGTH, SAMPLE_RATE
 from decoding import (
     DraftSource,
