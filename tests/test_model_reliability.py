@@ -104,3 +104,10 @@ def test_a_missing_relative_model_path_is_not_sent_to_the_hub(tmp_path: Path,
     (tmp_path / "models").mkdir()
     with pytest.raises(ValueError, match="no such model folder"):
         load_model("models/whisper-small")
+
+
+def test_a_folder_without_a_suppress_list_still_suppresses_the_control_tokens(tmp_path: Path) -> None:
+    folder = tiny_whisper_in(tmp_path / "model", seed=5)  # its generation config has no suppress_tokens
+    special = load_model(str(folder)).special
+    assert {special.sot, special.prev, special.transcribe, special.translate, special.no_speech} <= set(
+        special.suppress_tokens)

@@ -231,6 +231,15 @@ def build_generation_config(
         pad_token_id=eot,
         prev_sot_token_id=token_id(tokenizer, "<|startofprev|>"),
         return_timestamps=False,
-        suppress_tokens=list(ct2_config.get("suppress_ids", [])),
+        suppress_tokens=list(ct2_config.get("suppress_ids", _control_tokens(tokenizer))),
         **extra,
     )
+
+
+def _control_tokens(tokenizer: WhisperTokenizerFast) -> list[int]:
+    """The tokens openai-whisper never lets the model generate whatever the suppress list says (task, start,
+    previous-text and no-speech tokens): the suppress list of a model folder that brings none."""
+    tokens = ["<|translate|>", "<|transcribe|>", "<|startoftranscript|>", "<|startoflm|>", "<|startofprev|>",
+              "<|nospeech|>", "<|nocaptions|>"]
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+    return sorted({int(i) for i, t in zip(ids, tokens) if i is not None and tokenizer.convert_ids_to_tokens(i) == t})
