@@ -177,8 +177,6 @@ def check_options(options: TranscribeOptions) -> None:
     object.__setattr__(options, "clip_timestamps", tuple(float(t) for t in options.clip_timestamps))
     if options.compression_ratio_threshold is not None and options.compression_ratio_threshold <= 0:
         raise ValueError(f"compression ratio threshold must be > 0, got {options.compression_ratio_threshold}")
-    if options.logprob_threshold is not None and options.logprob_threshold > 0:
-        raise ValueError(f"log-probability threshold must be <= 0 (log-probabilities are), got {options.logprob_threshold}")
     if options.no_speech_threshold is not None and not 0 <= options.no_speech_threshold <= 1:
         raise ValueError(f"no-speech threshold must be a probability in [0, 1], got {options.no_speech_threshold}")
     if any(t < -1 for t in options.suppress_tokens):

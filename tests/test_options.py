@@ -159,7 +159,7 @@ def test_hallucination_threshold_runs_with_word_timestamps(tiny) -> None:
 @pytest.mark.parametrize("kwargs, message", [
     (dict(compression_ratio_threshold=-1.0), "compression ratio"),
     (dict(no_speech_threshold=1.5), "no-speech"),
-    (dict(logprob_threshold=0.5), "log-probability"),
+    (dict(logprob_threshold=float("nan")), "nan"),
     (dict(clip_timestamps="5,2"), "end after"),
     (dict(clip_timestamps="1,x"), "clip timestamps"),
     (dict(suppress_tokens="-2"), "suppress"),

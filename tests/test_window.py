@@ -4,6 +4,7 @@ a window's tokens into segments (openai-whisper's rules), on hand-made tokens.""
 from __future__ import annotations
 
 import zlib
+from types import SimpleNamespace
 
 import pytest
 
@@ -86,7 +87,7 @@ def text_of(tokens: list[int]) -> str:
 def split(tokens: list[int], *, seek: int = 0, segment_size: int = WINDOW_FRAMES, temperature: float = 0.0):
     """`split_segments` for the toy vocabulary (the one call of it in this file): (segments, advance)."""
     result = window(tokens, temperature=temperature)
-    return split_segments(result, TS, EOT, seek, seek / 100, segment_size, segment_size / 100, text_of)
+    return split_segments(result, SimpleNamespace(timestamp_begin=TS, eot=EOT), seek, segment_size, text_of)
 
 
 def spans(segments) -> list[tuple[float, float, str, list[int]]]:
