@@ -138,11 +138,11 @@ def test_memory_is_bounded_by_the_16_khz_mono_result(tmp_path: Path, monkeypatch
     assert peak < 2 * result + (2 << 20), f"peak {peak / 1e6:.1f} MB for a {result / 1e6:.1f} MB result"
 
 
-def test_the_command_line_reports_each_bad_file_in_one_line(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+def test_the_command_line_reports_each_bad_file_in_one_line(scripted_folder: Path, tmp_path: Path) -> None:
     good = _wav(tmp_path / "good.wav", _tone(1.0))
     bad = [CASES[name][0](tmp_path) for name in ("missing", "empty", "not audio", "1 Hz header", "far out of range")]
     result = CliRunner().invoke(main, ["transcribe", str(bad[0]), str(good), *map(str, bad[1:]), "--model",
-                                       str(tiny_whisper_folder), "-q", "--temperature", "0", "-f", "json"])
+                                       str(scripted_folder), "-q", "--temperature", "0", "-f", "json"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == len(bad) and all(str(path) in line for path, line in zip(bad, errors))

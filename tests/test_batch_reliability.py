@@ -144,18 +144,18 @@ def test_a_missing_relative_path_is_not_sent_to_the_hub(tmp_path: Path, monkeypa
             list(iter_items(source))
 
 
-def test_a_typo_in_source_leaves_no_file_behind(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+def test_a_typo_in_source_leaves_no_file_behind(scripted_folder: Path, tmp_path: Path) -> None:
     output = tmp_path / "out.jsonl"
-    result = _batch(str(tmp_path / "no-such-folder"), "-o", str(output), "--model", str(tiny_whisper_folder))
+    result = _batch(str(tmp_path / "no-such-folder"), "-o", str(output), "--model", str(scripted_folder))
     assert result.exit_code == 1 and "no such file or folder" in result.output
     assert not output.exists()
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = _batch(str(empty), "-o", str(output), "--model", str(tiny_whisper_folder))
+    result = _batch(str(empty), "-o", str(output), "--model", str(scripted_folder))
     assert result.exit_code == 1 and "no items" in result.output and not output.exists()
 
 
-def test_failed_items_give_a_non_zero_exit_and_retry_errors_redoes_them(tiny_whisper_folder: Path,
+def test_failed_items_give_a_non_zero_exit_and_retry_errors_redoes_them(scripted_folder: Path,
                                                                          tmp_path: Path) -> None:
     clips = tmp_path / "clips"
     clips.mkdir()
@@ -163,7 +163,7 @@ def test_failed_items_give_a_non_zero_exit_and_retry_errors_redoes_them(tiny_whi
     broken = clips / "broken.wav"
     broken.write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really")
     output = tmp_path / "out.jsonl"
-    model = ["--model", str(tiny_whisper_folder)]
+    model = ["--model", str(scripted_folder)]
     first = _batch(str(clips), "-o", str(output), *model)
     assert first.exit_code == 1 and "1 failed" in first.output
     assert {row["id"]: row["error"] is None for row in _rows(output)} == {"broken.wav": False, "good.wav": True}
@@ -182,7 +182,7 @@ def test_failed_items_give_a_non_zero_exit_and_retry_errors_redoes_them(tiny_whi
 
 
 @pytest.mark.slow
-def test_kill_9_at_random_points_then_resume_gives_every_id_once(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+def test_kill_9_at_random_points_then_resume_gives_every_id_once(scripted_folder: Path, tmp_path: Path) -> None:
     """Ten runs killed at random moments (loading, mid-row, merging), each resumed; then a last resume."""
     import os
     import random
@@ -195,7 +195,7 @@ def test_kill_9_at_random_points_then_resume_gives_every_id_once(tiny_whisper_fo
         _tone(clips / f"clip{n:02d}.wav", seconds=0.5 + n / 10)
     output = tmp_path / "out.jsonl"
     command = [sys.executable, "-m", "asr", "batch", str(clips), "-o", str(output), "-q", "--model",
-               str(tiny_whisper_folder), "--device", "cpu", "--threads", "1", "--batch-size", "2"]
+               str(scripted_folder), "--device", "cpu", "--threads", "1", "--batch-size", "2"]
     rng = random.Random(7)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     repo = Path(__file__).resolve().parents[1]
