@@ -5,33 +5,24 @@
     print(transcribe(bundle, "speech.flac").text)
 """
 
-__all__ = ["SubtitleOptions", "TranscribeOptions", "load_model", "make_assistant", "transcribe", "transcribe_segments"]
+# Loaded on first use, so that `asr --help` answers without importing torch and transformers.
+_PUBLIC = {
+    "load_model": "asr.models.registry",
+    "make_assistant": "asr.assist.choose",
+    "load_pair": "asr.assist.choose",  # a model and its assistant, from their names
+    "transcribe": "asr.transcribe",
+    "transcribe_segments": "asr.live",  # segments as they are decoded
+    "TranscribeOptions": "asr.options",
+    "SubtitleOptions": "asr.writers",
+}
+
+__all__ = ["SubtitleOptions", "TranscribeOptions", "load_model", "load_pair", "make_assistant", "transcribe",
+           "transcribe_segments"]
 
 
 def __getattr__(name: str):
-    # Lazy, so `asr --help` answers without importing torch and transformers.
-    if name == "load_model":
-        from asr.models.registry import load_model
+    if name in _PUBLIC:
+        import importlib
 
-        return load_model
-    if name == "transcribe":
-        from asr.transcribe import transcribe
-
-        return transcribe
-    if name == "transcribe_segments":  # segments as they are decoded
-        from asr.live import transcribe_segments
-
-        return transcribe_segments
-    if name == "TranscribeOptions":
-        from asr.options import TranscribeOptions
-
-        return TranscribeOptions
-    if name == "SubtitleOptions":
-        from asr.writers import SubtitleOptions
-
-        return SubtitleOptions
-    if name == "make_assistant":
-        from asr.assist.choose import make_assistant
-
-        return make_assistant
-    raise AttributeError(name)
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'asr' has no attribute {name!r}")
