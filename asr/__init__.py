@@ -10,7 +10,7 @@ _PUBLIC = {
     "load_model": "asr.models.registry",
     "make_assistant": "asr.assist.choose",
     "load_pair": "asr.assist.choose",  # a model and its assistant, from their names
-    "transcribe": "asr.transcribe",
+    "transcribe": "asr.longform",
     "transcribe_segments": "asr.live",  # segments as they are decoded
     "TranscribeOptions": "asr.options",
     "SubtitleOptions": "asr.writers",

@@ -26,8 +26,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from asr.chunks import Chunk, merge_chunks, shift_segments
+from asr.longform import _Item, _WindowDecoder, decode_items
 from asr.results import Segment, Transcript, TranscriptionStats
-from asr.transcribe import _Item, _WindowDecoder, decode_items
 from audio import N_SAMPLES, SAMPLE_RATE
 from audio.vad import speech_regions
 

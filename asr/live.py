@@ -8,9 +8,9 @@ from collections.abc import Callable, Generator, Iterator
 import numpy as np
 
 from asr.items import sequential_item
+from asr.longform import DecodedWindow, WindowAssistant, _WindowDecoder, prepare
 from asr.options import TranscribeOptions
 from asr.results import Segment, Transcript
-from asr.transcribe import DecodedWindow, WindowAssistant, _WindowDecoder, prepare
 from audio import load_audio
 
 
@@ -41,7 +41,7 @@ class Transcription:
         return iter(self)
 
     def result(self) -> Transcript:
-        """The whole transcript (as `asr.transcribe.transcribe` gives it), decoding what is left."""
+        """The whole transcript (as `asr.longform.transcribe` gives it), decoding what is left."""
         for _ in self:
             pass
         assert self._transcript is not None
@@ -56,7 +56,7 @@ def transcribe_segments(
     progress: Callable[[float, float], None] | None = None,
     window_observer: Callable[[DecodedWindow], None] | None = None,
 ) -> Transcription:
-    """`asr.transcribe.transcribe`, segment by segment: each window's segments come as soon as it is decoded.
+    """`asr.longform.transcribe`, segment by segment: each window's segments come as soon as it is decoded.
 
     The options are checked and the audio read now; decoding happens as the segments are taken. With
     `options.batch_size` (batched chunks) the segments come all at the end.

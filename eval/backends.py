@@ -1,6 +1,6 @@
 """The decoders an evaluation compares, behind one interface: samples in, text and costs out.
 
-- `LibraryBackend`: this project's `asr.transcribe.transcribe`, plain or assisted, sequential (optionally after
+- `LibraryBackend`: this project's `asr.longform.transcribe`, plain or assisted, sequential (optionally after
   VAD) or batched.
 - `TransformersBackend`: transformers' own `WhisperForConditionalGeneration.generate`, with or without
   `assistant_model`, on the same loaded model (the baseline to beat).
@@ -64,7 +64,7 @@ class Backend(Protocol):
 
 
 class LibraryBackend:
-    """`asr.transcribe.transcribe`, with or without an assistant."""
+    """`asr.longform.transcribe`, with or without an assistant."""
 
     def __init__(self, config: EvalConfig, bundle: Any, assistant: Any) -> None:
         from asr.options import TranscribeOptions
@@ -90,7 +90,7 @@ class LibraryBackend:
         self.options = options
 
     def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
-        from asr.transcribe import transcribe
+        from asr.longform import transcribe
         from decoding.kernels import reference_kernels
 
         with reference_kernels(self.config.reference_kernels):

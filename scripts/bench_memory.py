@@ -60,9 +60,9 @@ def main() -> None:
     import torch
 
     from asr.assist.choose import make_assistant
+    from asr.longform import transcribe
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
-    from asr.transcribe import transcribe
 
     torch.set_num_threads(args.threads)
     path = Path(args.keep) if args.keep else Path(tempfile.mkdtemp()) / "long.flac"

@@ -94,9 +94,9 @@ def child(config: str, threads: int) -> None:
     import torch
 
     from asr.assist.choose import make_assistant
+    from asr.longform import transcribe
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
-    from asr.transcribe import transcribe
 
     torch.set_num_threads(threads)
     place, spec, *drafting = config.split(":")

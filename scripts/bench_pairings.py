@@ -19,8 +19,8 @@ import torch
 from benchlib import SAMPLE_RATE, command_line, figure_path, sonnets, write_figures
 
 from asr.assist.choose import make_assistant
+from asr.longform import transcribe
 from asr.models.registry import load_model
-from asr.transcribe import transcribe
 
 
 def main() -> None:

@@ -66,7 +66,7 @@ class Ours:
         self.name, self.bundle, self.options, self.assistant = name, bundle, options, assistant
 
     def run(self, samples: np.ndarray) -> dict:
-        from asr.transcribe import transcribe
+        from asr.longform import transcribe
 
         result = transcribe(self.bundle, samples, self.options, self.assistant)
         lengths = [s.end - s.start for s in result.segments]

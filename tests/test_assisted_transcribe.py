@@ -11,8 +11,8 @@ import torch
 
 from asr.assist.assistants import FullAssistant, SharedEncoderAssistant
 from asr.assist.choose import make_assistant
+from asr.longform import transcribe
 from asr.options import TranscribeOptions
-from asr.transcribe import transcribe
 from asr.writers import write_srt, write_vtt
 from audio import N_SAMPLES, SAMPLE_RATE, load_audio
 from eval.wer import error_counts

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from asr.assist.choose import make_assistant
 from asr.cli import main
+from asr.longform import transcribe, transcribe_many
 from asr.options import TranscribeOptions
-from asr.transcribe import transcribe, transcribe_many
 from audio import SAMPLE_RATE, load_audio
 from audio.vad import VadOptions
 from eval.wer import error_counts

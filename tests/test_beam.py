@@ -331,8 +331,8 @@ def test_beam_search_with_assistant_auto_decodes_alone(tmp_path: Path) -> None:
 
 
 def test_the_api_refuses_an_assistant_with_beam_search(tiny_bundle) -> None:
+    from asr.longform import transcribe
     from asr.options import TranscribeOptions
-    from asr.transcribe import transcribe
 
     with pytest.raises(ValueError, match="alone"):
         transcribe(tiny_bundle, np.zeros(16000, dtype=np.float32), TranscribeOptions(beam_size=2), assistant=object())
@@ -343,8 +343,8 @@ def test_the_api_refuses_an_assistant_with_beam_search(tiny_bundle) -> None:
 def test_transcribe_beam_searches_with_assistant_auto_decoding_alone(tiny_whisper_folder: Path, tiny_bundle) -> None:
     import json
 
+    from asr.longform import transcribe
     from asr.options import TranscribeOptions
-    from asr.transcribe import transcribe
     from tests.conftest import SAMPLES
 
     clip = str(SAMPLES / "numbers.flac")

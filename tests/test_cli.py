@@ -13,9 +13,9 @@ import soundfile
 from click.testing import CliRunner, Result
 
 from asr.cli import main
+from asr.longform import transcribe
 from asr.models.registry import load_model
 from asr.options import TranscribeOptions
-from asr.transcribe import transcribe
 from asr.writers import FORMATS, WRITERS
 from audio import SAMPLE_RATE
 from eval.wer import error_counts

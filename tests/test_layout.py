@@ -49,7 +49,7 @@ def _imports(path: Path) -> list[str]:
 
 
 def test_layers_are_known() -> None:
-    assert _layer("asr.models.registry") == 1 and _layer("asr.transcribe") == 2 and _layer("asr.cli.batch") == 6
+    assert _layer("asr.models.registry") == 1 and _layer("asr.longform") == 2 and _layer("asr.cli.batch") == 6
     assert _layer("asr.__init__") == 7 and _layer("asr.constants") == 0 and _layer("numpy") is None
 
 
@@ -83,3 +83,20 @@ def test_docs_tables_are_their_figure_files() -> None:
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "render_docs.py"), "--check"], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_public_api_is_its_functions_whatever_was_imported_before() -> None:
+    """`from asr import transcribe` is the function even after the library's own modules are loaded (no
+    submodule shares a public name, which would shadow it)."""
+    import importlib
+
+    import asr
+
+    for name in asr.__all__:
+        assert not (ROOT / "asr" / f"{name}.py").exists(), name
+    importlib.import_module("asr.longform")
+    importlib.import_module("asr.live")
+    from asr import load_model, make_assistant, transcribe, transcribe_segments
+
+    assert all(callable(f) and not isinstance(f, type(asr)) for f in (load_model, make_assistant, transcribe,
+                                                                        transcribe_segments))

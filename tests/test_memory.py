@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from asr.transcribe import transcribe
+from asr.longform import transcribe
 from audio import load_audio
 from tests.conftest import evaldata
 

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from asr.assist.assistants import SharedEncoderAssistant
 from asr.assist.choose import OFFLOAD_SCHEDULE, make_assistant
 from asr.cli import main
+from asr.longform import transcribe
 from asr.models.offload import (
     OffloadError,
     OffloadOptions,
@@ -23,7 +24,6 @@ from asr.models.offload import (
 )
 from asr.models.registry import load_model
 from asr.options import TranscribeOptions
-from asr.transcribe import transcribe
 from asr.whisper.decoder import WhisperDecoderAdapter
 from tests.test_ct2 import tiny_whisper
 from tests.test_registry import save_processor

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from asr.cli import main
 from asr.live import transcribe_segments
+from asr.longform import transcribe, transcribe_many
 from asr.options import TranscribeOptions
-from asr.transcribe import transcribe, transcribe_many
 from audio import SAMPLE_RATE
 from tests.conftest import tiny_whisper_in
 

@@ -93,9 +93,9 @@ def test_a_row_has_the_same_logits_in_a_step_and_in_a_check_of_drafts(tiny_whisp
 
 def test_int8_base_transcribes_like_float32_and_its_draft_keeps_its_words(base) -> None:
     from asr.assist.choose import make_assistant
+    from asr.longform import transcribe
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
-    from asr.transcribe import transcribe
     from audio import load_audio
     from eval.wer import word_error_rate
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from asr.longform import transcribe
 from asr.options import TranscribeOptions
-from asr.transcribe import transcribe
 from audio import SAMPLE_RATE, load_audio
 from eval.normalize import normalize
 from eval.wer import error_counts

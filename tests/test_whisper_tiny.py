@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from asr.assist.choose import make_assistant
+from asr.longform import DecodedWindow, transcribe, transcribe_many
 from asr.models.precision import resolve_precision
 from asr.models.registry import load_model
 from asr.options import TranscribeOptions
-from asr.transcribe import DecodedWindow, transcribe, transcribe_many
 from audio import SAMPLE_RATE, load_audio
 from tests.conftest import SAMPLES, SCRIPTED_TEXT, TIMESTAMP_BEGIN
 from tests.test_precision import EXACT

@@ -3,7 +3,7 @@
 The steps of a run (`run_batch`):
 1. take this process's share of the items (round-robin) less those already in the output (`--resume`);
 2. decode audio in background threads, a bounded number of items ahead of the model;
-3. group the decoded items `batch_size` at a time and transcribe each group with `asr.transcribe.transcribe_many`;
+3. group the decoded items `batch_size` at a time and transcribe each group with `asr.longform.transcribe_many`;
 4. append each item's row (a failed item gets an error row) and flush, in input order;
 5. with several processes, mark this share done; process 0 merges the shares into the output.
 """
@@ -342,7 +342,7 @@ def _transcribe_chunk(bundle: Any, chunk: list, options: TranscribeOptions, assi
 
 def _transcribe(bundle: Any, audios: list[np.ndarray], options: TranscribeOptions, assistant: Any) -> list:
     """Transcripts of `audios`; when a batch fails, its items are retried alone and a failing one gets its error."""
-    from asr.transcribe import transcribe_many
+    from asr.longform import transcribe_many
 
     try:
         return transcribe_many(bundle, audios, options, assistant, batch_size=max(len(audios), 1))

@@ -26,8 +26,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from asr.distill.tts import Voice, available_voices, degrade, synthesize
+from asr.longform import DecodedWindow, transcribe_many
 from asr.options import TranscribeOptions
-from asr.transcribe import DecodedWindow, transcribe_many
 from asr.whisper.decoder import WhisperDecoderAdapter
 from audio import SAMPLE_RATE
 
