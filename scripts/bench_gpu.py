@@ -2,7 +2,8 @@
 
     python scripts/bench_gpu.py shapes                    # -> docs/figures/gpu-shapes.{json,md}
     python scripts/bench_gpu.py shapes --device cpu --dtypes float32 --batches 1 --no-rounds --out cpu
-    python scripts/bench_gpu.py real --model FOLDER --audio clips.npz --out real.json
+    python scripts/bench_gpu.py real --model FOLDER --audio clips.npz   # on the GPU -> reports/gpu-real.json
+    python scripts/bench_gpu.py score                     # here: WER of those -> docs/figures/gpu-real.{json,md}
 
 `shapes` builds large-v3, distil-large-v3 (2 decoder layers) and large-v3-turbo (4) with random weights in
 fp16/bf16 (their speed does not depend on the weights' values; `--family medium.en|small.en` for those pairs)
@@ -13,8 +14,8 @@ same step costs decide what `auto` picks there. Writes docs/figures/gpu-shapes.j
 --family, gpu-shapes-FAMILY; `--out` to change).
 `real` transcribes clips (16 kHz float32 arrays in an .npz, references in its `__refs__` entry as JSON) with a
 real model folder on the GPU in float32, float16 and bfloat16, with and without a `self:` assistant, and writes
-every hypothesis to --out (default reports/gpu-real.json); `scripts/gpu_wer.py` scores them here and writes
-the figures (docs/figures/gpu-real.{json,md}). The device image lacks librosa and soundfile, which only
+every hypothesis to --out (default reports/gpu-real.json); `score` scores them here (the device image has no
+jiwer) and writes the figures (docs/figures/gpu-real.{json,md}). The device image lacks librosa and soundfile, which only
 file decoding needs.
 """
 
@@ -201,9 +202,46 @@ def real(model_dir: str, audio_path: str, out: str, device: str, limit: int | No
     Path(out).write_text(json.dumps(results, indent=1))
 
 
+def score(real_json: str, out: str) -> None:
+    """Scores `real`'s hypotheses here (the device image has no jiwer): WER per run, texts equal to the float32
+    plain run, speed, and for assisted runs acceptance and model passes per token."""
+    from eval.wer import word_error_rate
+
+    data = json.loads(Path(real_json).read_text())
+    references = data["references"]
+    runs = data["runs"]
+    baseline = runs[0]["texts"]
+    print(f"device: {data['device']}\n")
+    lines = [("| dtype | assistant | batch | clips | seconds | audio s / s | WER | texts = float32 plain | "
+              "acceptance | model passes / token |"), "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = []
+    for run in runs:
+        keys = list(run["texts"])
+        wer = word_error_rate([references[k] for k in keys], [run["texts"][k] for k in keys])
+        same = sum(run["texts"][k] == baseline[k] for k in keys)
+        drafted = accepted = passes = tokens = 0
+        for generation in (run.get("stats") or {}).values():
+            drafted += generation.get("drafted_tokens", 0)
+            accepted += generation.get("accepted_tokens", 0)
+            passes += generation.get("model_forward_passes", 0)
+            tokens += generation.get("generated_tokens", 0)
+        acceptance = f"{accepted / drafted:.3f}" if drafted else "-"
+        per_token = f"{passes / tokens:.3f}" if tokens else "-"
+        lines.append(f"| {run['dtype']} | {run['assistant']} | {run['batch_size']} | {len(keys)} | "
+                     f"{run['seconds']:.2f} | {run['audio_seconds'] / run['seconds']:.1f} | {100 * wer:.2f} % | "
+                     f"{same}/{len(keys)} | {acceptance} | {per_token} |")
+        rows.append({"dtype": run["dtype"], "assistant": run["assistant"], "batch_size": run["batch_size"],
+                     "clips": len(keys), "seconds": run["seconds"], "audio_seconds": run["audio_seconds"], "wer": wer,
+                     "same_as_float32_plain": same, "acceptance": accepted / drafted if drafted else None,
+                     "model_passes_per_token": passes / tokens if tokens else None})
+    print("\n".join(lines))
+    write_figures(out, {"source": real_json, "runs": rows}, "\n".join(lines), command_line(),
+                  found={"device": data["device"]})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["shapes", "real"])
+    parser.add_argument("mode", choices=["shapes", "real", "score"])
     parser.add_argument("--model")
     parser.add_argument("--audio")
     parser.add_argument("--out", help="shapes: figure files OUT.json and OUT.md (default docs/figures/gpu-shapes); "
@@ -215,6 +253,7 @@ def main() -> None:
     parser.add_argument("--no-rounds", action="store_true", help="shapes: skip the whole-round timings")
     parser.add_argument("--family", default="large-v3", choices=list(FAMILIES), help="shapes: which model family")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--hypotheses", default="reports/gpu-real.json", help="score: the JSON that `real` wrote")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -223,8 +262,10 @@ def main() -> None:
         shapes(args.out or str(figure_path(name)), args.device, args.dtypes.split(","),
                [int(b) for b in args.batches.split(",")],
                not args.no_rounds, args.family)
-    else:
+    elif args.mode == "real":
         real(args.model, args.audio, args.out or "reports/gpu-real.json", args.device, args.limit)
+    else:
+        score(args.hypotheses, args.out or str(figure_path("gpu-real")))
 
 
 if __name__ == "__main__":
