@@ -222,6 +222,20 @@ def test_cli_detect_language_prints_a_language(tiny, tiny_folder: Path, wav: Pat
     path, rest = result.output.strip().rsplit(": ", 1)
     code, probability = rest.split()
     assert path == str(wav) and code in tiny.special.languages and 0 < float(probability) <= 1
+    piped = CliRunner().invoke(main, ["transcribe", "-", "--model", str(tiny_folder), "--detect-language",
+                                      "--language-detection-segments", "2"], input=wav.read_bytes())
+    assert piped.exit_code == 0 and piped.output.strip() == result.output.strip().replace(str(wav), "<stdin>")
+
+
+def test_cli_detect_language_per_channel_with_split_stereo(tiny_folder: Path, tmp_path: Path) -> None:
+    t = np.arange(SAMPLE_RATE * 2) / SAMPLE_RATE
+    stereo = np.stack([0.3 * np.sin(2 * np.pi * 220 * t), 0.3 * np.sin(2 * np.pi * 550 * t)], axis=1)
+    sf.write(tmp_path / "call.wav", stereo.astype(np.float32), SAMPLE_RATE)
+    result = CliRunner().invoke(main, ["transcribe", str(tmp_path / "call.wav"), "--model", str(tiny_folder),
+                                       "--detect-language", "--split-stereo"])
+    assert result.exit_code == 0, result.output
+    names = [line.rsplit(": ", 1)[0] for line in result.output.strip().splitlines()]
+    assert names == [f"{tmp_path / 'call.wav'} (left)", f"{tmp_path / 'call.wav'} (right)"]
 
 
 def test_batched_windows_with_and_without_prefix_match_alone(tiny) -> None:

@@ -73,19 +73,23 @@ def check_for_model_cli(options, bundle, detect_only: bool) -> None:
         click.echo("note: --language given: the language detection options do nothing", err=True)
 
 
-def detect_languages_cli(bundle, files, options) -> int:
-    """Prints `FILE: CODE PROBABILITY` per file; returns the exit status (1 when a file failed)."""
+def detect_languages_cli(bundle, files, options, split_stereo: bool = False) -> int:
+    """Prints `NAME: CODE PROBABILITY` per file (per channel with `split_stereo`; `-` is standard input);
+    returns the exit status (1 when a file failed)."""
+    import sys
+
+    from asr.cli.transcribe_io import audio_inputs
     from asr.whisper.language import detect_language
     from audio import load_audio
 
     failures = 0
     for path in files:
         try:
-            language, probs = detect_language(bundle, load_audio(path), options.language_detection_segments,
-                                              options.language_detection_threshold)
+            for audio in audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read()):
+                language, probs = detect_language(bundle, load_audio(audio.source), options.language_detection_segments,
+                                                  options.language_detection_threshold)
+                click.echo(f"{audio.name}: {language} {probs[language]:.4f}")
         except ValueError as error:
             click.echo(f"error: {error}", err=True)
             failures += 1
-            continue
-        click.echo(f"{path}: {language} {probs[language]:.4f}")
     return 1 if failures else 0

@@ -125,7 +125,7 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     if more["detect_language"]:
-        sys.exit(detect_languages_cli(bundle, files, options))
+        sys.exit(detect_languages_cli(bundle, files, options, split_stereo))
     failures = 0
     stems = output_stems([STDIN_NAME if path == "-" else path for path in files])
     for path, stem in zip(files, stems):
