@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from decoding.adapters import ModelAdapter
-from decoding.engine import GenerationOptions
+from decoding.engine import GenerationOptions, prefill, token_limit
 from decoding.filters import LogitsFilter, apply_filters
 from decoding.ragged import RaggedBatch
 from decoding.stats import GenerationStats
@@ -118,10 +118,12 @@ def beam_search_batch(
     """
     start = time.perf_counter()
     filters = filters if filters is not None else [()] * len(prompts)
-    states = [_Prompt(list(p), _limit(p, options), f) for p, f in zip(prompts, filters)]
+    states = [_Prompt(list(p), token_limit(p, options), f) for p, f in zip(prompts, filters)]
     eos = set(options.eos_token_ids)
     batch = RaggedBatch(model, len(states))
-    at_last = _prefill(batch, states, options.prompt_logits_at)
+    found = prefill(batch, [s.tokens for s in states], options.prompt_logits_at, [s.stats for s in states])
+    for state, logits in zip(states, found):
+        state.prompt_logits = logits
     # Batch rows: (prompt, beam) per row; one row per prompt at first (its beams are all the prompt).
     rows = [(p, 0) for p in range(len(states))]
     first = True
@@ -134,8 +136,8 @@ def beam_search_batch(
             states[p].stats.model_seconds += elapsed
             states[p].stats.rounds += 1
         if first and options.prompt_logits_at is not None:
-            for b, (p, _) in enumerate(rows):
-                if at_last[p]:
+            for b, (p, _) in enumerate(rows):  # the position was the prompt's last: its logits come now
+                if states[p].prompt_logits is None:
                     states[p].prompt_logits = logits[b, 0].clone()
         first = False
         for b, (p, j) in enumerate(rows):
@@ -212,43 +214,3 @@ def _finalize(state: _Prompt, beam_size: int) -> list[Candidate]:
             if len(sequences) >= beam_size:
                 break
     return [Candidate(list(s[:-1]), score, s[-1] is not None) for s, score in sequences.items()]
-
-
-def _limit(prompt: Sequence[int], options: GenerationOptions) -> int:
-    if not prompt:
-        raise ValueError("the prompt must hold at least one token")
-    limit = options.max_new_tokens
-    if options.max_length is not None:
-        limit = min(limit, options.max_length - len(prompt))
-        if limit < 1:
-            raise ValueError(f"the prompt has {len(prompt)} tokens; the model takes at most {options.max_length}")
-    return limit
-
-
-def _prefill(batch: RaggedBatch, states: list[_Prompt], logits_at: int | None) -> list[bool]:
-    """Feeds every prompt token but the last; reads the logits at `logits_at` when they come from this pass.
-
-    Returns, per prompt, whether that position is the prompt's last token (its logits come with the first step).
-    """
-    at_last = [False] * len(states)
-    back: list[int | None] = [None] * len(states)
-    if logits_at is not None:
-        for p, state in enumerate(states):
-            at = logits_at if logits_at >= 0 else len(state.tokens) + logits_at
-            if not 0 <= at < len(state.tokens):
-                raise ValueError(f"prompt_logits_at={logits_at} is outside a prompt of {len(state.tokens)} tokens")
-            at_last[p] = at == len(state.tokens) - 1
-            back[p] = None if at_last[p] else len(state.tokens) - 1 - at
-    inputs = [s.tokens[:-1] for s in states]
-    if not any(inputs):
-        return at_last
-    num_logits = max((k for k in back if k is not None), default=0)
-    t = time.perf_counter()
-    logits = batch.feed(inputs, num_logits)
-    elapsed = (time.perf_counter() - t) / len(states)
-    for p, state in enumerate(states):
-        state.stats.model_forward_passes += 1
-        state.stats.model_seconds += elapsed
-        if back[p] is not None:
-            state.prompt_logits = logits[p, num_logits - back[p]].clone()
-    return at_last

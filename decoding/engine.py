@@ -143,7 +143,9 @@ def generate_batch(
     batch = RaggedBatch(model, len(rows))
 
     # 1. Prefill: each row's cache takes every prompt token but the last.
-    _prefill(batch, rows, options.prompt_logits_at)
+    found = prefill(batch, [r.tokens for r in rows], options.prompt_logits_at, [r.result.stats for r in rows])
+    for row, logits in zip(rows, found):
+        row.result.prompt_logits = logits
     if draft is not None:
         draft.begin([r.tokens for r in rows], sampling, generator, options.eos_token_ids)
 
@@ -215,45 +217,62 @@ def generate_batch(
     return [row.result for row in rows]
 
 
-def _new_row(prompt: Sequence[int], options: GenerationOptions, filters: Sequence[LogitsFilter]) -> _Row:
-    tokens = list(prompt)
-    if not tokens:
+def token_limit(prompt: Sequence[int], options: GenerationOptions) -> int:
+    """How many tokens may follow `prompt`: `max_new_tokens`, less where `max_length` leaves less room.
+
+    Raises:
+        ValueError: an empty prompt, or one that leaves no room under `max_length`.
+    """
+    if not prompt:
         raise ValueError("the prompt must hold at least one token")
     limit = options.max_new_tokens
     if options.max_length is not None:
-        limit = min(limit, options.max_length - len(tokens))
+        limit = min(limit, options.max_length - len(prompt))
         if limit < 1:
-            raise ValueError(f"the prompt has {len(tokens)} tokens; the model takes at most {options.max_length}")
+            raise ValueError(f"the prompt has {len(prompt)} tokens; the model takes at most {options.max_length}")
+    return limit
+
+
+def _new_row(prompt: Sequence[int], options: GenerationOptions, filters: Sequence[LogitsFilter]) -> _Row:
     schedule = make_schedule(options.schedule, options.num_assistant_tokens, options.confidence_threshold)
-    return _Row(tokens, limit, filters, schedule, GenerationResult([], [], GenerationStats(), False))
+    return _Row(list(prompt), token_limit(prompt, options), filters, schedule,
+                GenerationResult([], [], GenerationStats(), False))
 
 
-def _prefill(batch: RaggedBatch, rows: list[_Row], logits_at: int | None) -> None:
-    """Feeds every prompt token but the last, in one pass; reads the logits at `logits_at` when asked.
+def prefill(batch: RaggedBatch, prompts: Sequence[Sequence[int]], logits_at: int | None,
+            stats: Sequence[GenerationStats]) -> list[torch.Tensor | None]:
+    """Feeds every prompt token but the last, in one pass, counting the pass in each prompt's `stats`.
 
-    A position that is a prompt's last token gets its logits in the first round instead.
+    Returns:
+        Per prompt, its logits at `logits_at` when this pass computes them; None when not asked for, or when
+        that position is the prompt's last token (its logits come with the first step instead).
+
+    Raises:
+        ValueError: `logits_at` outside a prompt.
     """
-    inputs = [r.tokens[:-1] for r in rows]
-    if not any(inputs):
-        return
-    # How far each wanted position is from the end of its row's input (rows are left-padded, so the logits of
+    # How far each wanted position is from the end of its prompt's input (rows are left-padded, so the logits of
     # the last `num_logits` columns cover every row's wanted position).
-    back: list[int | None] = [None] * len(rows)
+    back: list[int | None] = [None] * len(prompts)
     if logits_at is not None:
-        for b, row in enumerate(rows):
-            at = logits_at if logits_at >= 0 else len(row.tokens) + logits_at
-            if not 0 <= at < len(row.tokens):
-                raise ValueError(f"prompt_logits_at={logits_at} is outside a prompt of {len(row.tokens)} tokens")
-            back[b] = len(row.tokens) - 1 - at if at < len(row.tokens) - 1 else None
+        for b, prompt in enumerate(prompts):
+            at = logits_at if logits_at >= 0 else len(prompt) + logits_at
+            if not 0 <= at < len(prompt):
+                raise ValueError(f"prompt_logits_at={logits_at} is outside a prompt of {len(prompt)} tokens")
+            back[b] = len(prompt) - 1 - at if at < len(prompt) - 1 else None
+    found: list[torch.Tensor | None] = [None] * len(prompts)
+    inputs = [list(prompt[:-1]) for prompt in prompts]
+    if not any(inputs):
+        return found
     num_logits = max((k for k in back if k is not None), default=0)
     t = time.perf_counter()
     logits = batch.feed(inputs, num_logits)
-    elapsed = (time.perf_counter() - t) / len(rows)
-    for b, row in enumerate(rows):
-        row.result.stats.model_forward_passes += 1
-        row.result.stats.model_seconds += elapsed
+    elapsed = (time.perf_counter() - t) / len(prompts)
+    for b, prompt_stats in enumerate(stats):
+        prompt_stats.model_forward_passes += 1
+        prompt_stats.model_seconds += elapsed
         if back[b] is not None:
-            row.result.prompt_logits = logits[b, num_logits - back[b]].clone()
+            found[b] = logits[b, num_logits - back[b]].clone()
+    return found
 
 
 def _extend(row: _Row, proposal: Draft, accepted: int, kept: list[int], kept_logprobs: list[float],
