@@ -139,28 +139,26 @@ class TranscribeOptions:
 # openai-whisper's and faster-whisper's further options: their checks (one-line ValueErrors), their text forms
 # (`"-1,50257"`, `"0,5.5,10,20"`), the suppress list against a model's vocabulary, clip timestamps in mel
 # frames, and the prompt texts (initial prompt, prefix, hotwords) as tokens.
-def parse_suppress_tokens(text: str) -> tuple[int, ...]:
-    """"-1,50257" -> (-1, 50257); "" -> () (nothing suppressed beyond Whisper's special tokens).
+def split_numbers(text: str, kind: type, description: str) -> tuple:
+    """"0,5.5,10" -> a tuple of `kind` (empty parts skipped).
 
     Raises:
-        ValueError: a part that is not an integer.
+        ValueError: "`description`, got `text`" for a part that is not one.
     """
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
+        return tuple(kind(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise ValueError(f"suppress tokens must be integer ids separated by commas, got {text!r}") from None
+        raise ValueError(f"{description}, got {text!r}") from None
+
+
+def parse_suppress_tokens(text: str) -> tuple[int, ...]:
+    """"-1,50257" -> (-1, 50257); "" -> () (nothing suppressed beyond Whisper's special tokens)."""
+    return split_numbers(text, int, "suppress tokens must be integer ids separated by commas")
 
 
 def parse_clip_timestamps(text: str) -> tuple[float, ...]:
-    """"0,5.5,10" -> (0.0, 5.5, 10.0): openai-whisper's "start,end,start,end,..." in seconds.
-
-    Raises:
-        ValueError: a part that is not a number.
-    """
-    try:
-        return tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"clip timestamps must be seconds separated by commas (start,end,...), got {text!r}") from None
+    """"0,5.5,10" -> (0.0, 5.5, 10.0): openai-whisper's "start,end,start,end,..." in seconds."""
+    return split_numbers(text, float, "clip timestamps must be seconds separated by commas (start,end,...)")
 
 
 def check_options(options: TranscribeOptions) -> None:

@@ -65,8 +65,9 @@ def distill_command(model, output, audio_source, tts, text, tts_minutes, languag
 def _layers(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
+    from asr.options import split_numbers
+
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected layer numbers separated by commas, got {text!r}",
-                                 param_hint="--layers") from None
+        return split_numbers(text, int, "expected layer numbers separated by commas")
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--layers") from None

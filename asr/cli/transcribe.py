@@ -217,7 +217,9 @@ def vad_from_cli(flag: bool, batched: bool, **given):
 
 
 def _floats(text: str, option: str) -> tuple[float, ...]:
+    from asr.options import split_numbers
+
     try:
-        return tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option) from None
+        return split_numbers(text, float, "expected numbers separated by commas")
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint=option) from None
