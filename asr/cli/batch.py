@@ -10,14 +10,7 @@ from pathlib import Path
 import click
 
 from asr.cli.decode_options import decoding_options, take_decoding
-from asr.cli.runtime import (
-    DEVICES,
-    DTYPE_HELP,
-    DTYPES,
-    offload_options,
-    parse_offload,
-    setup_runtime,
-)
+from asr.cli.runtime import parse_offload, runtime_options, setup_runtime
 from asr.cli.search import search_options, search_settings
 from asr.constants import TASKS
 
@@ -48,12 +41,8 @@ from asr.constants import TASKS
 @click.option("--audio-column", default="audio", show_default=True, help="Audio column of a dataset.")
 @click.option("--text-column", default="text", show_default=True, help="Reference column of a dataset.")
 @click.option("--split", default=None, help="Dataset split (default: test if there is one, else the first).")
-@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
-              help=DTYPE_HELP)
-@offload_options
-@click.option("--threads", type=int, default=None,
-              help="Torch CPU threads per process (default: the cores shared among the processes on this machine).")
+@runtime_options(threads_help="Torch CPU threads per process (default: the cores shared among the processes on this "
+                              "machine).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @decoding_options
 def batch_command(source, output, model, assistant, language, task, without_timestamps, word_timestamps, segments,

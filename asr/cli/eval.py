@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from asr.cli.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_offload
+from asr.cli.runtime import parse_offload, runtime_options
 
 
 @click.command("eval")
@@ -31,11 +31,7 @@ from asr.cli.runtime import DEVICES, DTYPE_HELP, DTYPES, offload_options, parse_
 @click.option("--limit", type=int, default=None, help="Only the first N items.")
 @click.option("--audio-column", default="audio", show_default=True, help="Dataset column with the audio.")
 @click.option("--text-column", default="text", show_default=True, help="Dataset column with the reference.")
-@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
-              help=DTYPE_HELP)
-@offload_options
-@click.option("--threads", type=int, default=None, help="Torch CPU threads (faster-whisper gets as many).")
+@runtime_options(threads_help="Torch CPU threads (faster-whisper gets as many).")
 @click.option("--quiet", "-q", is_flag=True, help="No line per item.")
 def eval_command(sources, model, compare, report_dir, language, limit, audio_column, text_column, device, dtype,
                  offload, offload_folder, max_memory, threads, quiet) -> None:

@@ -8,7 +8,8 @@ import click
 
 from asr.constants import DEVICES, DTYPES, OFFLOADS, TEXT_DTYPES
 
-__all__ = ["DEVICES", "DTYPES", "DTYPE_HELP", "TEXT_DTYPES", "offload_options", "parse_offload", "setup_runtime"]
+__all__ = ["DEVICES", "DTYPES", "DTYPE_HELP", "TEXT_DTYPES", "offload_options", "parse_offload", "runtime_options",
+           "setup_runtime"]
 
 DTYPE_HELP = ("Model precision (auto: float32 on CPU, float16 on GPU; int8: CPU only, int8 decoder weights and a "
               "bfloat16 encoder; bfloat16 on CPUs with AVX512-BF16 or AMX).")
@@ -29,6 +30,18 @@ def offload_options(command: Callable) -> Callable:
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def runtime_options(threads_help: str) -> Callable[[Callable], Callable]:
+    """Adds what every command that loads a Whisper model takes, in this order: --device, --dtype, the offload
+    options and --threads (`threads_help` says what the threads do for that command)."""
+    def add(command: Callable) -> Callable:
+        command = click.option("--threads", type=int, default=None, help=threads_help)(command)
+        command = offload_options(command)
+        command = click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
+                               help=DTYPE_HELP)(command)
+        return click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)(command)
+    return add
 
 
 def parse_offload(offload: str, folder: str | None, max_memory: str | None) -> Any:

@@ -12,14 +12,7 @@ from asr.cli.decode_options import (
     detect_languages_cli,
     take_decoding,
 )
-from asr.cli.runtime import (
-    DEVICES,
-    DTYPE_HELP,
-    DTYPES,
-    offload_options,
-    parse_offload,
-    setup_runtime,
-)
+from asr.cli.runtime import parse_offload, runtime_options, setup_runtime
 from asr.cli.search import search_options, search_settings
 from asr.cli.transcribe_io import STDIN_NAME, check_writable, subtitle_options
 from asr.constants import OUTPUT_FORMATS, TASKS
@@ -52,11 +45,7 @@ PROGRESS_MIN_SECONDS = 30.0
               help="How many tokens the assistant drafts per round [default: heuristic; constant 10 when auto "
                    "drafts for an offloaded model].")
 @click.option("--num-assistant-tokens", default=None, type=int, help="Drafts per round (start) [default: 5].")
-@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
-              help=DTYPE_HELP)
-@offload_options
-@click.option("--threads", type=int, default=None, help="Torch CPU threads.")
+@runtime_options(threads_help="Torch CPU threads.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--batch-size", type=int, default=None,
               help="Cut the speech into chunks of up to 30 s at pauses (VAD implied) and decode N chunks at a "
