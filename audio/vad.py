@@ -77,10 +77,8 @@ def speech_regions(samples: np.ndarray, options: VadOptions = VadOptions(),
     Raises:
         ValueError: an unknown backend.
     """
-    from silero_vad.utils_vad import get_speech_timestamps_from_probs
-
     probabilities = speech_probabilities(samples, backend)
-    found = get_speech_timestamps_from_probs(
+    found = _silero().utils_vad.get_speech_timestamps_from_probs(
         probabilities.tolist(), sampling_rate=SAMPLE_RATE, threshold=options.threshold,
         neg_threshold=options.neg_threshold, min_speech_duration_ms=options.min_speech_duration_ms,
         min_silence_duration_ms=options.min_silence_duration_ms,
@@ -111,14 +109,21 @@ def speech_probabilities(samples: np.ndarray, backend: str = "onnx-sequence") ->
 
 
 @functools.lru_cache(maxsize=None)
-def _model(backend: str):
+def _silero():
+    """The silero_vad package, imported without its side effect: importing it sets torch's thread count to 1
+    for the whole process (which halved the speed of every encoder pass after the first VAD call)."""
     import torch
 
-    # Importing silero_vad sets torch's thread count to 1 for the whole process; keep the caller's setting.
     threads = torch.get_num_threads()
     try:
-        from silero_vad import load_silero_vad
+        import silero_vad
+        import silero_vad.utils_vad
 
-        return load_silero_vad(onnx=backend == "onnx", sequence=backend == "onnx-sequence")
+        return silero_vad
     finally:
         torch.set_num_threads(threads)
+
+
+@functools.lru_cache(maxsize=None)
+def _model(backend: str):
+    return _silero().load_silero_vad(onnx=backend == "onnx", sequence=backend == "onnx-sequence")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gc
 import math
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 
 from asr.chunks import Chunk, SpeechMap, merge_chunks, shift_segments
@@ -59,13 +61,18 @@ def test_every_backend_finds_the_same_regions(park: np.ndarray) -> None:
         speech_regions(audio, VadOptions(), "tflite")
 
 
-def test_loading_the_vad_keeps_the_callers_thread_count() -> None:
-    from audio.vad import _model
-
-    threads = torch.get_num_threads()
-    _model.cache_clear()
-    speech_regions(np.zeros(seconds(1), dtype=np.float32), VadOptions(), "jit")
-    assert torch.get_num_threads() == threads
+def test_the_vad_keeps_the_callers_thread_count() -> None:
+    # In a fresh process: importing silero_vad sets torch's thread count to 1 once, at its first import (it
+    # halved every encoder pass after the first VAD call before this was caught).
+    script = (
+        "import numpy as np, torch\n"
+        "torch.set_num_threads(3)\n"
+        "from audio.vad import BACKENDS, VadOptions, speech_regions\n"
+        "for backend in BACKENDS:\n"
+        "    speech_regions(np.zeros(16000, dtype=np.float32), VadOptions(), backend)\n"
+        "    assert torch.get_num_threads() == 3, (backend, torch.get_num_threads())\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[1])
 
 
 @pytest.mark.parametrize("field, value, message", [
