@@ -21,10 +21,12 @@ BATCHED_VAD = VadOptions(min_silence_duration_ms=160, max_speech_duration_s=30.0
 class TranscribeOptions:
     """How to transcribe; defaults follow openai-whisper's `transcribe()`."""
 
-    # What to produce: the spoken language (None: detect), the task, and timestamped segments.
+    # What to produce: the spoken language (None: detect), the task, and timestamp tokens (segments at the
+    # model's own times). Timestamps None: on for the sequential algorithm, off in the batched mode (one segment
+    # per chunk, as faster-whisper's batched pipeline: faster; docs/long-form.md "Timestamps or not").
     language: str | None = None
     task: str = "transcribe"
-    timestamps: bool = True
+    timestamps: bool | None = None
     word_timestamps: bool = False
     # Text before the first window (names, spelling), and whether each window sees the previous window's text.
     initial_prompt: str | None = None
@@ -93,8 +95,8 @@ class TranscribeOptions:
                 raise ValueError(f"{name} must be a number, got nan")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.word_timestamps and not self.timestamps:
-            raise ValueError("word timestamps need timestamps; drop --without-timestamps")
+        if self.timestamps is None:
+            object.__setattr__(self, "timestamps", self.batch_size is None)
         make_schedule(*self.drafting())
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")

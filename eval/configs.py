@@ -15,8 +15,8 @@ Options: `dtype=float32|bfloat16|float16|int8` (this library's kinds: the model 
 kernels instead of oneDNN's, as `ASSISTED_WHISPER_KERNELS=aten`), `schedule=heuristic|constant|confidence`,
 `k=N` (drafts per round, at the start), `best_of=M` and `patience=P` (beam only), `temperature=T`
 (a single temperature, no fallback), `compute_type=default|int8|float32|...` (faster-whisper only), `vad` (Silero
-VAD: the speech only, `asr transcribe --vad`), `assistant=NAME` (batched only), `timestamps=off` (batched: no
-timestamp tokens, one segment per chunk), `batched=N` (faster-whisper's `BatchedInferencePipeline`, batch N).
+VAD: the speech only, `asr transcribe --vad`), `assistant=NAME` (batched only), `timestamps=on|off` (batched:
+timestamp tokens; default off, one segment per chunk), `batched=N` (faster-whisper's `BatchedInferencePipeline`, batch N).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class EvalConfig:
     vad: bool = False
     batch_size: int | None = None
     # Timestamp tokens in the batched mode.
-    timestamps: bool = True
+    timestamps: bool | None = None  # None: the mode's default (off when batched)
     # The model's precision for this configuration (an `asr --dtype` name; None: the run's).
     dtype: str | None = None
     # PyTorch's default kernels (`decoding.kernels.reference_kernels`) instead of oneDNN's.
@@ -134,7 +134,8 @@ def parse_config(text: str) -> EvalConfig:
             raise ValueError(f"configuration {name!r}: {key} must be on or off, got {options[key]!r}")
     return EvalConfig(
         name=name, kind=kind, assistant=assistant.strip() or options.get("assistant"),
-        vad=options.get("vad") == "on", batch_size=batch_size, timestamps=options.get("timestamps") != "off",
+        vad=options.get("vad") == "on", batch_size=batch_size,
+        timestamps={"on": True, "off": False}.get(options.get("timestamps")),
         schedule=_schedule(options.get("schedule"), kind, name),
         num_assistant_tokens=_positive_int(options.get("k"), "k", name),
         temperature=_temperature(options.get("temperature"), name),

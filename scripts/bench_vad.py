@@ -150,8 +150,9 @@ def main() -> None:
         Ours("greedy (sequential)", bundle, greedy),
         Ours("greedy --vad", bundle, TranscribeOptions(language="en", vad=VadOptions())),
         Ours(f"--batch-size {n}", bundle, TranscribeOptions(language="en", batch_size=n)),
-        Ours(f"--batch-size {n} --without-timestamps", bundle,
-             TranscribeOptions(language="en", batch_size=n, timestamps=False)),
+        Ours(f"--batch-size {n} --word-timestamps", bundle,
+             TranscribeOptions(language="en", batch_size=n, word_timestamps=True)),
+        Ours(f"--batch-size {n} --timestamps", bundle, TranscribeOptions(language="en", batch_size=n, timestamps=True)),
     ]
     try:
         configs += [FasterWhisperBatched(f"faster-whisper batched {n} fp32", "float32", n, args.threads),

@@ -128,13 +128,24 @@ def test_transcribe_without_timestamps(scripted_folder: Path, audio_files: dict[
     assert segment["text"] == SCRIPTED_TEXT and segment["tokens"][:2] == [7751, 1002] and segment["start"] == 0.0
 
 
+def test_word_timestamps_without_timestamp_tokens(scripted_folder: Path, audio_files: dict[str, Path]) -> None:
+    # The alignment pass needs only the text: the window's one segment gets words, and its times are theirs.
+    result = run("transcribe", str(audio_files["short"]), "--model", str(scripted_folder), "--language", "en", "-q",
+                 "--without-timestamps", "--word-timestamps", "-f", "json")
+    assert result.exit_code == 0, result.output
+    (segment,) = json.loads(result.stdout)["segments"]
+    words = segment["words"]
+    assert "".join(w["word"] for w in words) == SCRIPTED_TEXT
+    assert segment["start"] == words[0]["start"] and segment["end"] == words[-1]["end"]
+    assert all(a["end"] <= b["start"] + 1e-6 for a, b in zip(words, words[1:]))
+
+
 @pytest.mark.parametrize("args, code, message", [
     (["-f", "doc"], 2, "Invalid value for '--output-format' / '-f': 'doc' is not one of"),
     (["--task", "dance"], 2, "Invalid value for '--task': 'dance' is not one of"),
     (["--temperature", "hot"], 2, "Invalid value for --temperature: expected numbers separated by commas, got 'hot'"),
     (["--temperature", "0,-1"], 1, "temperatures must be a non-empty list of numbers >= 0"),
     (["-f", "all"], 1, "-f all writes one file per format: give an output folder with -o DIR"),
-    (["--word-timestamps", "--without-timestamps"], 1, "word timestamps need timestamps; drop --without-timestamps"),
     (["--batch-size", "0"], 1, "batch size must be >= 1, got 0"),
     (["--threads", "0"], 2, "Invalid value for --threads: must be >= 1, got 0"),
     (["--max-memory", "lots"], 2, "expected a size such as 300MB or 2GiB, got 'lots'"),

@@ -124,6 +124,7 @@ def test_report_folder_from_a_summary(tmp_path: Path) -> None:
     ("batched:8,assistant=self:int8", EvalConfig("batched:8,assistant=self:int8", "batched", "self:int8",
                                                  batch_size=8)),
     ("batched:4,timestamps=off", EvalConfig("batched:4,timestamps=off", "batched", batch_size=4, timestamps=False)),
+    ("batched:4,timestamps=on", EvalConfig("batched:4,timestamps=on", "batched", batch_size=4, timestamps=True)),
     ("beam:5", EvalConfig("beam:5", "beam", beam_size=5, best_of=5)),
     ("faster-whisper,beam=5", EvalConfig("faster-whisper,beam=5", "faster-whisper", beam_size=5)),
     ("beam:4,best_of=2,patience=1.5,vad", EvalConfig("beam:4,best_of=2,patience=1.5,vad", "beam", vad=True,

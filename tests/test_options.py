@@ -49,6 +49,14 @@ def windows_of(bundle, audio, options, assistant=None):
     return transcript, seen
 
 
+def test_timestamp_tokens_are_on_unless_batched_or_asked_otherwise() -> None:
+    assert TranscribeOptions().timestamps is True
+    assert TranscribeOptions(batch_size=8).timestamps is False
+    assert TranscribeOptions(batch_size=8, timestamps=True).timestamps is True
+    assert TranscribeOptions(timestamps=False).timestamps is False
+    assert TranscribeOptions(vad=None, batch_size=None).timestamps is True
+
+
 def test_suppressed_ids_never_appear(tiny) -> None:
     audio = noise(10)
     plain, _ = windows_of(tiny, audio, TranscribeOptions(**FAST))

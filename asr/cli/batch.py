@@ -24,7 +24,8 @@ from asr.constants import TASKS
               help="none, auto, self:bf16, self:int8, a model name, hub id or folder.")
 @click.option("--language", default=None, help="Spoken language code or name (default: detect per item).")
 @click.option("--task", type=click.Choice(TASKS), default="transcribe", show_default=True)
-@click.option("--without-timestamps", is_flag=True, help="Decode without timestamp tokens (items up to 30 s only).")
+@click.option("--timestamps/--without-timestamps", default=None,
+              help="Timestamp tokens: segments at the model's own times (default: on; off for items cut into chunks by --chunked).")
 @click.option("--word-timestamps", is_flag=True, help="Add word-level times to the segments.")
 @click.option("--segments", is_flag=True, help="Keep each item's segments in its row.")
 @search_options
@@ -45,7 +46,7 @@ from asr.constants import TASKS
                               "machine).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @decoding_options
-def batch_command(source, output, model, assistant, language, task, without_timestamps, word_timestamps, segments,
+def batch_command(source, output, model, assistant, language, task, timestamps, word_timestamps, segments,
                   beam_size, patience, length_penalty, best_of, batch_size, chunked, workers, resume, retry_errors,
                   overwrite, audio_column, text_column, split, device, dtype, offload, offload_folder, max_memory,
                   threads, quiet, **more) -> None:
@@ -71,7 +72,7 @@ def batch_command(source, output, model, assistant, language, task, without_time
                              workers=workers, segments=segments, resume=resume, retry_errors=retry_errors,
                              overwrite=overwrite, progress=not quiet)
         search, assistant = search_settings(assistant, beam_size, patience, length_penalty, best_of)
-        options = TranscribeOptions(language=language, task=task, timestamps=not without_timestamps,
+        options = TranscribeOptions(language=language, task=task, timestamps=timestamps,
                                     word_timestamps=word_timestamps, batch_size=batch_size if chunked else None,
                                     **search, **take_decoding(more))
         lock = prepare_output(output_path, batch, processes)

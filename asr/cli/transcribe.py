@@ -33,8 +33,8 @@ PROGRESS_MIN_SECONDS = 30.0
               type=click.Choice([*OUTPUT_FORMATS, "all"]))
 @click.option("--output-dir", "-o", default=None, type=click.Path(file_okay=False),
               help="Write DIR/<name>.<format>; without it the chosen format goes to stdout (txt: the text).")
-@click.option("--without-timestamps", is_flag=True,
-              help="Decode without timestamp tokens: one segment per 30 s window (per chunk with --batch-size).")
+@click.option("--timestamps/--without-timestamps", default=None,
+              help="Timestamp tokens: segments at the model's own times (default: on; off with --batch-size, one segment per chunk).")
 @click.option("--word-timestamps", is_flag=True, help="Add word-level times (alignment heads and DTW).")
 @click.option("--initial-prompt", default=None, help="Text that comes before the first window.")
 @click.option("--temperature", "temperatures", default="0,0.2,0.4,0.6,0.8,1.0", show_default=True,
@@ -67,7 +67,7 @@ PROGRESS_MIN_SECONDS = 30.0
 @click.option("--verbose", "-v", is_flag=True, help="Print each segment as it is decoded (no progress bar).")
 @click.option("--detect-language", is_flag=True, help="Only print each file's detected language and its probability.")
 @subtitle_options
-def transcribe(files, model, assistant, language, task, output_format, output_dir, without_timestamps,
+def transcribe(files, model, assistant, language, task, output_format, output_dir, timestamps,
                word_timestamps, initial_prompt, temperatures, no_condition_on_previous_text, beam_size, patience,
                length_penalty, best_of, schedule, num_assistant_tokens, device, dtype, offload, offload_folder,
                max_memory, threads, quiet, batch_size,
@@ -92,7 +92,7 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
                                    max_speech_duration_s=vad_max_speech_s)
         search, assistant = search_settings(assistant, beam_size, patience, length_penalty, best_of)
         options = TranscribeOptions(
-            language=language, task=task, timestamps=not without_timestamps, word_timestamps=word_timestamps,
+            language=language, task=task, timestamps=timestamps, word_timestamps=word_timestamps,
             initial_prompt=initial_prompt, temperatures=_floats(temperatures, "--temperature"),
             condition_on_previous_text=not no_condition_on_previous_text, schedule=schedule,
             num_assistant_tokens=num_assistant_tokens, vad=vad_options, batch_size=batch_size, **search,
