@@ -20,7 +20,7 @@ from asr.cli.runtime import parse_offload, runtime_options
 @click.option("--compare", "compare", multiple=True, metavar="CONFIG",
               help="A configuration, repeatable; the first is the reference for speed-ups and exactness: "
                    "greedy[,vad], assisted:NAME[,schedule=S][,k=N][,temperature=T][,vad], "
-                   "batched:N[,assistant=NAME][,timestamps=off], beam:N[,best_of=M][,patience=P] (beam search, "
+                   "batched:N[,assistant=NAME][,timestamps=on|off], beam:N[,best_of=M][,patience=P] (beam search, "
                    "openai-whisper's command line: beam:5), transformers, "
                    "transformers-assisted:NAME[,k=N], faster-whisper[,compute_type=C][,batched=N][,beam=N]. "
                    "Default: greedy and assisted:self:int8 (self:fp16 off the CPU).")
