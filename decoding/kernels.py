@@ -77,7 +77,7 @@ class OneDnnLinear(torch.nn.Linear):
         """Keeps a second copy of the weight in oneDNN's blocked layout. Worth its memory for the output head
         (51,865 rows read per token: a measurably cheaper pass, docs/precision.md); for the other layers it made
         no difference."""
-        if _onednn(self.weight) and self.packed is None:
+        if _onednn(self.weight) and (self.packed is None or self.packed.dtype != self.weight.dtype):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
 
