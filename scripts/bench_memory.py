@@ -65,6 +65,9 @@ def main() -> None:
     from asr.options import TranscribeOptions
 
     torch.set_num_threads(args.threads)
+    from decoding.kernels import limit_kernel_caches
+
+    limit_kernel_caches()  # as the command line does
     path = Path(args.keep) if args.keep else Path(tempfile.mkdtemp()) / "long.flac"
     if not path.exists():
         sf.write(path, long_recording(args.minutes * 60), SAMPLE_RATE)

@@ -2,6 +2,7 @@
 
     python scripts/bench_offload.py [--threads 2] [--repeats 2] [--pass-repeats 9]
         [--configs memory:none,disk:none,disk:auto] [--readers read,mmap,accelerate] [--out docs/figures/offload]
+        [--memory-limit MB]
 
 1. Per-pass cost, one process, configurations interleaved: the model's decoder in memory and offloaded to
    disk through each reader (`asr.models.layer_store.READERS`) with and without prefetching the next layer, and
@@ -10,7 +11,13 @@
 2. End to end on the three sonnets joined (158 s), each configuration `PLACE:ASSISTANT[:SCHEDULE:K]` in a
    fresh process (PLACE: memory, disk or disk-cold), configurations interleaved over `--repeats` rounds:
    wall time of `transcribe` after a 2 s warm-up, whether the words equal in-memory plain greedy's, and the
-   process's peak resident memory (VmHWM) after loading and at the end.
+   process's peak resident memory (VmHWM) after loading and at the end. ASSISTANT may carry a precision
+   (`disk:base-draft:int8:constant:10`).
+3. With `--memory-limit MB`, every end-to-end configuration runs in a memory cgroup (v1 or v2; the machine must
+   let this user create one) limited to MB, which counts the page cache: offloaded layers read from disk no
+   longer stay cached, as on a machine too small for the model. A configuration that does not fit is killed
+   and reported so. Each round starts with an in-memory greedy run without the limit, the reference for words
+   and speed (`memory:none (no limit)`).
 
 Writes docs/figures/offload.json and docs/figures/offload.md, both tables (`--out` to change; `--render`
 rewrites OUT.md from OUT.json); each end-to-end run is also appended to OUT.runs.jsonl as it ends.
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -99,7 +107,12 @@ def child(config: str, threads: int) -> None:
     from asr.options import TranscribeOptions
 
     torch.set_num_threads(threads)
-    place, spec, *drafting = config.split(":")
+    from decoding.kernels import limit_kernel_caches
+
+    limit_kernel_caches()  # as the command line does
+    place, *parts = config.split(":")
+    drafting = parts[-2:] if len(parts) >= 3 and parts[-1].isdigit() else []
+    spec = ":".join(parts[: len(parts) - len(drafting)])
     options = TranscribeOptions(schedule=drafting[0], num_assistant_tokens=int(drafting[1])) if drafting \
         else TranscribeOptions()
     audio = sonnets()
@@ -123,16 +136,45 @@ def child(config: str, threads: int) -> None:
     }))
 
 
-def end_to_end(configs: list[str], repeats: int, threads: int, log: Path) -> list[dict]:
-    """Every configuration in a fresh process, interleaved; each run is also appended to `log` as it ends."""
+UNLIMITED = "memory:none (no limit)"
+
+
+def memory_group(limit_mb: int) -> Path:
+    """A new memory cgroup limited to `limit_mb` (page cache included); SystemExit where none can be made."""
+    root = Path("/sys/fs/cgroup")
+    v1 = (root / "memory" / "cgroup.procs").exists()
+    group = (root / "memory" if v1 else root) / f"asr-bench-offload-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit_mb * 2**20))
+    except OSError as error:
+        raise SystemExit(f"--memory-limit: cannot make a memory cgroup here ({error})") from None
+    return group
+
+
+def end_to_end(configs: list[str], repeats: int, threads: int, log: Path, group: Path | None = None) -> list[dict]:
+    """Every configuration in a fresh process (in `group` when given), interleaved; each run is also appended to
+    `log` as it ends."""
     runs = []
     log.write_text("")
     for repeat in range(repeats):
-        for config in configs:
+        for label in ([UNLIMITED] if group else []) + configs:
+            limited = group if label != UNLIMITED else None
+            config = label.split(" ")[0]
+            enter = (lambda procs=limited / "cgroup.procs": procs.write_text(str(os.getpid()))) if limited else None
             out = subprocess.run([sys.executable, __file__, "--child", config, "--threads", str(threads)],
-                                 capture_output=True, text=True, check=True, cwd=REPO)
+                                 check=False, capture_output=True, text=True, cwd=REPO, preexec_fn=enter)
+            if out.returncode != 0:
+                killed = out.returncode == -9 and limited is not None
+                reason = "killed: does not fit the memory limit" if killed else (out.stderr.strip().splitlines() or ["?"])[-1]
+                run = {"config": label, "repeat": repeat, "failed": reason}
+                print(f"{repeat} {label:28s} failed: {reason}", flush=True)
+                runs.append(run)
+                with log.open("a") as handle:
+                    handle.write(json.dumps(run) + "\n")
+                continue
             run = json.loads(out.stdout.strip().splitlines()[-1])
-            run["repeat"] = repeat
+            run["config"], run["repeat"] = label, repeat
             with log.open("a") as handle:
                 handle.write(json.dumps(run) + "\n")
             print(f"{repeat} {config:28s} {run['seconds']:7.2f} s  peak {run['peak_mb']:.0f} MB", flush=True)
@@ -141,10 +183,13 @@ def end_to_end(configs: list[str], repeats: int, threads: int, log: Path) -> lis
 
 
 def summarize(runs: list[dict], configs: list[str]) -> list[dict]:
-    reference = next(r["text"] for r in runs if r["config"] == configs[0])
+    reference = next(r["text"] for r in runs if r["config"] == configs[0] and "failed" not in r)
     rows = []
     for config in configs:
-        mine = [r for r in runs if r["config"] == config]
+        mine = [r for r in runs if r["config"] == config and "failed" not in r]
+        if not mine:
+            rows.append({"config": config, "failed": next(r["failed"] for r in runs if r["config"] == config)})
+            continue
         rows.append({
             "config": config, "median_seconds": statistics.median(r["seconds"] for r in mine),
             "seconds": [r["seconds"] for r in mine], "same_words": all(r["text"] == reference for r in mine),
@@ -164,15 +209,20 @@ def markdown(result: dict) -> str:
     for name, by_width in passes.items():
         cells = [f"{by_width[str(w)]:.1f}" if str(w) in by_width else "" for w in WIDTHS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    memory = next(r for r in rows if r["config"].startswith("memory:none"))
-    plain = {r["config"].split(":")[0]: r for r in rows if r["config"].split(":")[1] == "none"}
-    lines += ["", (f"The sonnets (158 s), each configuration in its own process, medians of "
+    memory = next(r for r in rows if r["config"].startswith("memory:none") and "failed" not in r)
+    plain = {r["config"].split(":")[0]: r for r in rows if r["config"].split(":")[1] == "none" and "failed" not in r}
+    limit = result.get("memory_limit_mb")
+    where = f" in a memory cgroup of {limit} MB (page cache included)" if limit else ""
+    lines += ["", (f"The sonnets (158 s), each configuration in its own process{where}, medians of "
                    f"{len(rows[0]['seconds'])} interleaved runs:"), "",
               ("| configuration | assistant, drafting | median s | runs s | time / in-memory greedy's "
                "| speed-up over greedy, same placement | same words | model passes / tokens | acceptance "
                "| peak RSS MB (after audio and load) |"),
               "| --- | --- | ---: | --- | ---: | ---: | --- | --- | ---: | ---: |"]
     for r in rows:
+        if "failed" in r:
+            lines.append(f"| `{r['config']}` | | | | | | | | | {r['failed']} |")
+            continue
         versus = f"{r['median_seconds'] / memory['median_seconds']:.2f}"
         same_place = plain.get(r["config"].split(":")[0])
         against = "" if same_place is None else f"{same_place['median_seconds'] / r['median_seconds']:.2f}x"
@@ -194,6 +244,8 @@ def main() -> None:
     parser.add_argument("--readers", default="read,mmap,accelerate")
     parser.add_argument("--out", default=str(figure_path("offload")), help="writes OUT.json and OUT.md")
     parser.add_argument("--render", action="store_true", help="only rewrite OUT.md from OUT.json")
+    parser.add_argument("--memory-limit", type=int, default=None, metavar="MB",
+                        help="run the end-to-end configurations in a memory cgroup of this many MB")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -205,6 +257,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    from decoding.kernels import limit_kernel_caches
+
+    limit_kernel_caches()  # as the command line does
     configs = args.configs.split(",")
     if not configs[0].startswith("memory:none"):
         raise SystemExit("--configs must start with memory:none (the reference for words and speed)")
@@ -213,8 +268,15 @@ def main() -> None:
         print(f"{name:28s} " + "  ".join(f"{w}:{ms:.1f}" for w, ms in by_width.items()), flush=True)
     out = figure_stem(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    runs = end_to_end(configs, args.repeats, args.threads, Path(f"{out}.runs.jsonl"))
-    result = {
+    group = memory_group(args.memory_limit) if args.memory_limit else None
+    try:
+        runs = end_to_end(configs, args.repeats, args.threads, Path(f"{out}.runs.jsonl"), group)
+    finally:
+        if group is not None:
+            group.rmdir()
+    if group is not None:
+        configs = [UNLIMITED] + configs
+    result = {"memory_limit_mb": args.memory_limit,
         "pass_ms": {name: {str(w): ms for w, ms in by_width.items()} for name, by_width in passes.items()},
         "end_to_end": summarize(runs, configs), "runs": [{k: v for k, v in r.items() if k != "text"} for r in runs],
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,49 @@ def test_asr_models_says_which_precisions_this_cpu_runs(monkeypatch) -> None:
     monkeypatch.setattr("asr.models.precision.native_bfloat16", lambda: False)
     result = CliRunner().invoke(main, ["models"])
     assert "float32, int8 (auto: float32)" in result.output
+
+
+_SHAPES = """
+import os, sys
+import os
+from pathlib import Path
+import torch
+from decoding.kernels import limit_kernel_caches
+if sys.argv[1] == "bounded":
+    limit_kernel_caches()
+def rss():
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def products(first, count):
+    for n in range(first, first + count):  # attention products of a new shape each time, as decoding meets them
+        torch.randn(8, 1 + n % 11, 64, dtype=torch.bfloat16) @ torch.randn(8, 64, n, dtype=torch.bfloat16)
+with torch.inference_mode():
+    products(1, 100)
+    start = rss()
+    products(101, 300)
+print(rss() - start)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads resident memory from /proc (Linux)")
+def test_kernel_caches_are_bounded_so_new_shapes_do_not_grow_memory() -> None:
+    import subprocess
+    import sys
+
+    def growth(mode: str) -> float:
+        out = subprocess.run([sys.executable, "-c", _SHAPES, mode], check=True, capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[1], env={k: v for k, v in os.environ.items()
+                                                                          if not k.endswith("CACHE_CAPACITY")})
+        return float(out.stdout.split()[-1])
+
+    bounded = growth("bounded")  # the default caches grow by ~200 MB here
+    assert bounded < 60, f"{bounded:.0f} MB for 300 new product shapes with bounded kernel caches"
+
+
+def test_the_command_line_bounds_the_kernel_caches(monkeypatch) -> None:
+    from asr.cli.runtime import setup_runtime
+    from decoding.kernels import KERNEL_CACHE_CAPACITY
+
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
+    setup_runtime("cpu", "float32", None)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == os.environ["LRU_CACHE_CAPACITY"] == str(KERNEL_CACHE_CAPACITY)
