@@ -106,11 +106,12 @@ def use_onednn(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def use_cpu_kernels(model: torch.nn.Module) -> torch.nn.Module:
-    """`use_onednn` over a loaded model, and its output head packed (`OneDnnLinear.pack`); returns it."""
+def use_cpu_kernels(model: torch.nn.Module, pack_head: bool = True) -> torch.nn.Module:
+    """`use_onednn` over a loaded model, and its output head packed (`OneDnnLinear.pack`) if `pack_head`;
+    returns it."""
     use_onednn(model)
     head = model.get_output_embeddings()
-    if isinstance(head, OneDnnLinear):
+    if pack_head and isinstance(head, OneDnnLinear):
         head.pack()
     return model
 

@@ -153,7 +153,9 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
         if dtype == INT8:
             quantize_model(model)
     if device == "cpu":
-        use_cpu_kernels(model)
+        # An offloaded model is short of memory: no second, packed copy of its head (106 MB for base in
+        # float32, ~10 % of a pass; docs/offload.md).
+        use_cpu_kernels(model, pack_head=offload is None)
         if dtype == torch.bfloat16:
             pack_decoder(model)
     try:
