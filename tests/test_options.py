@@ -158,8 +158,9 @@ def test_multilingual_sets_each_segments_language(tiny) -> None:
     assert "language" not in transcribe(tiny, noise(10), TranscribeOptions(**FAST)).segments[0].to_dict()
 
 
-def test_hallucination_threshold_runs_with_word_timestamps(tiny) -> None:
-    result = transcribe(tiny, noise(40), TranscribeOptions(**FAST, word_timestamps=True,
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_hallucination_threshold_runs_with_word_timestamps(tiny, timestamps: bool) -> None:
+    result = transcribe(tiny, noise(40), TranscribeOptions(**FAST, word_timestamps=True, timestamps=timestamps,
                                                            hallucination_silence_threshold=1.0))
     assert all(s.words is not None for s in result.segments)
 
