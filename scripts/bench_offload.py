@@ -9,7 +9,7 @@
    `read` with each layer file dropped from the page cache after it is read (`cold`: every read from the
    disk); passes over 1 to 16 new tokens after 100 cached ones; and one step of the `self:int8` assistant.
 2. End to end on the three sonnets joined (158 s), each configuration `PLACE:ASSISTANT[:SCHEDULE:K]` in a
-   fresh process (PLACE: memory, disk or disk-cold), configurations interleaved over `--repeats` rounds:
+   fresh process (PLACE: memory, disk, disk-mmap (the `mmap` reader) or disk-cold), configurations interleaved over `--repeats` rounds:
    wall time of `transcribe` after a 2 s warm-up, whether the words equal in-memory plain greedy's, and the
    process's peak resident memory (VmHWM) after loading and at the end. ASSISTANT may carry a precision
    (`disk:base-draft:int8:constant:10`).
@@ -59,6 +59,8 @@ def _offload(place: str, reader: str = "read", prefetch: bool = True):
 
     if place == "memory":
         return None
+    if place == "disk-mmap":
+        reader = "mmap"
     return OffloadOptions("disk", reader=reader, prefetch=prefetch, drop_page_cache=place == "disk-cold")
 
 
