@@ -166,20 +166,17 @@ def end_to_end(configs: list[str], repeats: int, threads: int, log: Path, group:
             enter = (lambda procs=limited / "cgroup.procs": procs.write_text(str(os.getpid()))) if limited else None
             out = subprocess.run([sys.executable, __file__, "--child", config, "--threads", str(threads)],
                                  check=False, capture_output=True, text=True, cwd=REPO, preexec_fn=enter)
-            if out.returncode != 0:
+            if out.returncode == 0:
+                run = json.loads(out.stdout.strip().splitlines()[-1])
+                outcome = f"{run['seconds']:7.2f} s  peak {run['peak_mb']:.0f} MB"
+            else:
                 killed = out.returncode == -9 and limited is not None
                 reason = "killed: does not fit the memory limit" if killed else (out.stderr.strip().splitlines() or ["?"])[-1]
-                run = {"config": label, "repeat": repeat, "failed": reason}
-                print(f"{repeat} {label:28s} failed: {reason}", flush=True)
-                runs.append(run)
-                with log.open("a") as handle:
-                    handle.write(json.dumps(run) + "\n")
-                continue
-            run = json.loads(out.stdout.strip().splitlines()[-1])
+                run, outcome = {"failed": reason}, f"failed: {reason}"
             run["config"], run["repeat"] = label, repeat
             with log.open("a") as handle:
                 handle.write(json.dumps(run) + "\n")
-            print(f"{repeat} {config:28s} {run['seconds']:7.2f} s  peak {run['peak_mb']:.0f} MB", flush=True)
+            print(f"{repeat} {label:28s} {outcome}", flush=True)
             runs.append(run)
     return runs
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from asr.cli import main
 from asr.models.int8 import Int8Linear
 from asr.models.precision import INT8, resolve_precision
 from asr.whisper.decoder import WhisperDecoderAdapter
-from tests.conftest import evaldata
+from tests.conftest import REPO, evaldata
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
@@ -123,7 +125,6 @@ def test_asr_models_says_which_precisions_this_cpu_runs(monkeypatch) -> None:
 
 _SHAPES = """
 import os, sys
-import os
 from pathlib import Path
 import torch
 from decoding.kernels import limit_kernel_caches
@@ -144,13 +145,9 @@ print(rss() - start)
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads resident memory from /proc (Linux)")
 def test_kernel_caches_are_bounded_so_new_shapes_do_not_grow_memory() -> None:
-    import subprocess
-    import sys
-
     def growth(mode: str) -> float:
         out = subprocess.run([sys.executable, "-c", _SHAPES, mode], check=True, capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parents[1], env={k: v for k, v in os.environ.items()
-                                                                          if not k.endswith("CACHE_CAPACITY")})
+                             cwd=REPO, env={k: v for k, v in os.environ.items() if not k.endswith("CACHE_CAPACITY")})
         return float(out.stdout.split()[-1])
 
     bounded = growth("bounded")  # the default caches grow by ~200 MB here

@@ -7,7 +7,6 @@ import math
 import subprocess
 import sys
 import weakref
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from asr.options import BATCHED_VAD, TranscribeOptions
 from asr.results import Segment, Word
 from audio import N_SAMPLES, SAMPLE_RATE, load_audio
 from audio.vad import BACKENDS, SpeechRegion, VadOptions, speech_regions
-from tests.conftest import SAMPLES
+from tests.conftest import REPO, SAMPLES
 
 pytest.importorskip("silero_vad")
 
@@ -72,7 +71,7 @@ def test_the_vad_keeps_the_callers_thread_count() -> None:
         "    speech_regions(np.zeros(16000, dtype=np.float32), VadOptions(), backend)\n"
         "    assert torch.get_num_threads() == 3, (backend, torch.get_num_threads())\n"
     )
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=REPO)
 
 
 @pytest.mark.parametrize("field, value, message", [
