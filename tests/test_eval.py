@@ -160,6 +160,7 @@ def test_configurations_parse(text: str, expected: EvalConfig) -> None:
     ("batched", "batch size \\(batched:N\\) must be a whole number >= 1"),
     ("batched:0", "must be a whole number >= 1"),
     ("greedy,vad=maybe", "vad must be on or off"),
+    ("batched:4,timestamps=maybe", "timestamps must be on or off"),
     ("faster-whisper,batched=0", "batched must be a whole number >= 1"),
     ("transformers,vad", "unknown option 'vad' for transformers"),
     ("greedy,dtype=int4", "unknown dtype 'int4'"),
