@@ -15,8 +15,9 @@
    (`disk:base-draft:int8:constant:10`).
 3. With `--memory-limit MB`, every end-to-end configuration runs in a memory cgroup (v1 or v2; the machine must
    let this user create one) limited to MB, which counts the page cache: offloaded layers read from disk no
-   longer stay cached, as on a machine too small for the model. A configuration that does not fit is killed
-   and reported so. Each round starts with an in-memory greedy run without the limit, the reference for words
+   longer stay cached, as on a machine too small for the model. Before each limited run the page cache is
+   emptied, so that the run reads (and is charged for) the model's files itself. A configuration that does not
+   fit is killed and reported so. Each round starts with an in-memory greedy run without the limit, the reference for words
    and speed (`memory:none (no limit)`).
 
 Writes docs/figures/offload.json and docs/figures/offload.md, both tables (`--out` to change; `--render`
@@ -51,7 +52,24 @@ CACHED = 100
 
 def _peak_mb() -> dict[str, float]:
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    return {key: int(status[key].split()[0]) / 1024 for key in ("VmHWM", "VmRSS")}
+    return {key: int(status[key].split()[0]) / 1024 for key in ("VmHWM", "VmRSS", "RssAnon")}
+
+
+class AnonymousPeak:
+    """The most anonymous memory (RssAnon: what the kernel cannot drop and read again from a file, with no swap)
+    the process held, sampled every 20 ms on a thread: the resident set (VmHWM) also counts mapped file pages,
+    which a memory limit only evicts."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.mb = 0.0
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while True:
+            self.mb = max(self.mb, _peak_mb()["RssAnon"])
+            time.sleep(0.02)
 
 
 def _offload(place: str, reader: str = "read", prefetch: bool = True):
@@ -118,6 +136,7 @@ def child(config: str, threads: int) -> None:
     options = TranscribeOptions(schedule=drafting[0], num_assistant_tokens=int(drafting[1])) if drafting \
         else TranscribeOptions()
     audio = sonnets()
+    anonymous = AnonymousPeak()
     start = time.perf_counter()
     bundle = load_model("base", offload=_offload(place))
     assistant = make_assistant(spec, bundle)
@@ -132,6 +151,7 @@ def child(config: str, threads: int) -> None:
         "config": config, "seconds": seconds, "load_seconds": loaded, "text": result.text,
         "assistant": getattr(assistant, "name", "none"), "drafting": options.drafting(getattr(assistant, "schedule", None)),
         "peak_mb_after_load": after_load["VmHWM"], "peak_mb": _peak_mb()["VmHWM"],
+        "peak_anonymous_mb": anonymous.mb,
         "encode_seconds": result.stats.encode_seconds, "model_seconds": g.model_seconds,
         "assistant_seconds": g.assistant_seconds, "generated_tokens": g.generated_tokens,
         "model_passes": g.model_forward_passes, "acceptance": g.acceptance_rate if g.drafted_tokens else None,
@@ -154,9 +174,29 @@ def memory_group(limit_mb: int) -> Path:
     return group
 
 
-def end_to_end(configs: list[str], repeats: int, threads: int, log: Path, group: Path | None = None) -> list[dict]:
+def evict_page_cache() -> str:
+    """Empties the page cache before a limited run, so that the model's files are read (and charged) inside the
+    cgroup: a page stays charged to the group that first read it, so files the parent or an earlier run read
+    would otherwise be free to the limited process. All of the machine's clean cache where this user may
+    (`/proc/sys/vm/drop_caches`), else the model cache's files (pages no process maps)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1")
+        return "page cache dropped"
+    except OSError:
+        from asr.models.cache import cache_dir
+
+        for path in [*cache_dir().rglob("*"), *(REPO / "asr" / "assist" / "drafts").rglob("*")]:
+            if path.is_file():
+                with path.open("rb") as handle:
+                    os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        return "model files evicted"
+
+
+def end_to_end(configs: list[str], repeats: int, threads: int, log: Path, group: Path | None = None,
+               time_limit: float | None = None) -> list[dict]:
     """Every configuration in a fresh process (in `group` when given), interleaved; each run is also appended to
-    `log` as it ends."""
+    `log` as it ends. A run past `time_limit` seconds (one thrashing under a limit) is stopped and reported so."""
     runs = []
     log.write_text("")
     for repeat in range(repeats):
@@ -164,9 +204,18 @@ def end_to_end(configs: list[str], repeats: int, threads: int, log: Path, group:
             limited = group if label != UNLIMITED else None
             config = label.split(" ")[0]
             enter = (lambda procs=limited / "cgroup.procs": procs.write_text(str(os.getpid()))) if limited else None
-            out = subprocess.run([sys.executable, __file__, "--child", config, "--threads", str(threads)],
-                                 check=False, capture_output=True, text=True, cwd=REPO, preexec_fn=enter)
-            if out.returncode == 0:
+            if limited:
+                evict_page_cache()
+            try:
+                out = subprocess.run([sys.executable, __file__, "--child", config, "--threads", str(threads)],
+                                     check=False, capture_output=True, text=True, cwd=REPO, preexec_fn=enter,
+                                     timeout=time_limit)
+            except subprocess.TimeoutExpired:
+                out = subprocess.CompletedProcess([], "timeout", "", "")
+            if out.returncode == "timeout":
+                reason = f"stopped after {time_limit:.0f} s (paging its weights in and out)"
+                run, outcome = {"failed": reason}, f"failed: {reason}"
+            elif out.returncode == 0:
                 run = json.loads(out.stdout.strip().splitlines()[-1])
                 outcome = f"{run['seconds']:7.2f} s  peak {run['peak_mb']:.0f} MB"
             else:
@@ -245,6 +294,8 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="only rewrite OUT.md from OUT.json")
     parser.add_argument("--memory-limit", type=int, default=None, metavar="MB",
                         help="run the end-to-end configurations in a memory cgroup of this many MB")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="S",
+                        help="stop an end-to-end run after S seconds (with --memory-limit: one that thrashes)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -269,7 +320,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     group = memory_group(args.memory_limit) if args.memory_limit else None
     try:
-        runs = end_to_end(configs, args.repeats, args.threads, Path(f"{out}.runs.jsonl"), group)
+        runs = end_to_end(configs, args.repeats, args.threads, Path(f"{out}.runs.jsonl"), group, args.time_limit)
     finally:
         if group is not None:
             group.rmdir()

@@ -178,6 +178,44 @@ def test_layer_files_go_with_the_model(tiny_whisper_folder: Path, tmp_path: Path
     assert list(tmp_path.iterdir()) == []
 
 
+def _mapped_file(tensor: torch.Tensor) -> str | None:
+    """The file whose memory map holds `tensor`'s data, from /proc/self/maps; None for anonymous memory."""
+    address = tensor.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, _, _, _, inode, *path = line.split()
+        low, high = (int(x, 16) for x in span.split("-"))
+        if low <= address < high:
+            return path[0] if path and inode != "0" else None
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps (Linux)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_resident_weights_of_a_model_offloaded_on_a_cpu_stay_file_backed(tiny_whisper_folder: Path, tmp_path: Path,
+                                                                         dtype: torch.dtype) -> None:
+    # A memory limit can drop and re-read file pages, not anonymous memory: the encoder, embeddings and head are
+    # views of the checkpoint's map, or (converted to another dtype) of a file in the offload folder.
+    offloaded = load_model(str(tiny_whisper_folder), dtype=dtype, offload=OffloadOptions("disk", folder=str(tmp_path)))
+    model = offloaded.model
+    resident = [model.get_encoder().layers[0].fc1.weight, model.get_decoder().embed_tokens.weight,
+                model.get_encoder().conv1.weight, model.get_decoder().layer_norm.weight]
+    assert all(t.dtype == dtype for t in resident)
+    expected = tiny_whisper_folder / "model.safetensors" if dtype == torch.float32 else \
+        next(tmp_path.iterdir()) / "resident.safetensors"
+    assert {_mapped_file(t) for t in resident} == {str(expected.resolve())}
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_decoder().embed_tokens.weight.data_ptr()
+
+
+def test_a_bfloat16_offloaded_model_is_the_bfloat16_model(tiny_whisper_folder: Path) -> None:
+    in_memory = load_model(str(tiny_whisper_folder), dtype=torch.bfloat16).model
+    offloaded = load_model(str(tiny_whisper_folder), dtype=torch.bfloat16, offload=OffloadOptions("disk")).model
+    assert {p.dtype for p in offloaded.parameters() if not p.is_meta} == {torch.bfloat16}
+    expected = dict(in_memory.named_parameters())
+    for name, parameter in offloaded.named_parameters():
+        if not parameter.is_meta:
+            assert torch.equal(parameter, expected[name]), name
+
+
 def test_sizes_parse_like_accelerates() -> None:
     assert parse_size("300MB") == 300 * 10**6
     assert parse_size("1.5GiB") == int(1.5 * 2**30)

@@ -44,6 +44,14 @@ def read_tensor(handle, entry: dict, data_start: int) -> torch.Tensor:
     return out
 
 
+def map_tensors(path: Path, header: dict, data_start: int) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file as a view of one private memory map of it: clean file pages, which the
+    kernel may drop under memory pressure and read again, and which are not written back if a tensor is changed."""
+    size = data_start + max((entry["data_offsets"][1] for entry in header.values()), default=0)
+    data = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)[data_start:]
+    return _views(data, header)
+
+
 class LayerStore:
     """The weights of the offloaded decoder layers, fetched one layer at a time onto the execution device.
 
@@ -91,6 +99,13 @@ class LayerStore:
             self.layers[index] = _Layer(path, header, start, size)
         self.order = sorted(self.layers)
 
+    def map_resident(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`weights` written to one file in the folder and returned as views of its memory map (`map_tensors`)."""
+        path = self.folder / "resident.safetensors"
+        save_file({n: t.contiguous() for n, t in weights.items()}, str(path))
+        header, start = safetensors_header(path)
+        return map_tensors(path, header, start)
+
     @property
     def nbytes(self) -> int:
         """Bytes of all offloaded weights."""
@@ -122,8 +137,7 @@ class LayerStore:
         elif self.reader == "mmap":
             # MAP_PRIVATE over the file: pages fault in from the page cache as the kernels touch them, and
             # leave this process's resident set when the last view is dropped.
-            data = torch.from_file(str(layer.path), shared=False, size=layer.start + layer.nbytes, dtype=torch.uint8)
-            weights = _views(data[layer.start:], layer.entries)
+            weights = map_tensors(layer.path, layer.entries, layer.start)
         else:
             buffer = self._buffer(layer.nbytes)
             with open(layer.path, "rb", buffering=0) as handle:
@@ -193,5 +207,8 @@ def _views(data: torch.Tensor, header: dict) -> dict[str, torch.Tensor]:
     out = {}
     for name, entry in header.items():
         begin, end = entry["data_offsets"]
-        out[name] = data[begin:end].view(_DTYPES[entry["dtype"]]).view(entry["shape"])
+        raw = data[begin:end]
+        if (data.storage_offset() + begin) % _DTYPES[entry["dtype"]].itemsize:
+            raw = raw.clone()  # a file laid out without alignment: this one tensor is copied
+        out[name] = raw.view(_DTYPES[entry["dtype"]]).view(entry["shape"])
     return out

@@ -24,7 +24,7 @@ from typing import Iterator
 
 import torch
 
-from asr.models.layer_store import READERS, LayerStore, read_tensor, safetensors_header
+from asr.models.layer_store import READERS, LayerStore, map_tensors, read_tensor, safetensors_header
 
 logger = logging.getLogger(__name__)
 
@@ -168,8 +168,8 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
                    dtype: torch.dtype) -> torch.nn.Module:
     """A `WhisperForConditionalGeneration` from a folder of safetensors files, with decoder layers offloaded.
 
-    Resident tensors are read one at a time into their own memory; offloaded layers go straight to their
-    store, so loading never holds the whole model. Module forwards (word alignment, transformers' generate)
+    Resident tensors are read one at a time into their own memory (on a CPU, mapped from the file instead);
+    offloaded layers go straight to their store, so loading never holds the whole model. Module forwards (word alignment, transformers' generate)
     still work: each offloaded layer carries accelerate's `AlignDevicesHook` over the same weights.
 
     Raises:
@@ -185,16 +185,27 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
     store = _new_store(options, device)
     wanted = {i: {n for n, _ in model.get_decoder().layers[i].named_parameters()} for i in placement.offloaded}
     pending: dict[int, dict[str, torch.Tensor]] = {i: {} for i in placement.offloaded}
-    for name, tensor in _checkpoint_tensors(folder):
-        if tensor.is_floating_point():
+    # On a CPU the resident weights stay file-backed: views of the checkpoint's memory map, or of a converted
+    # copy in the offload folder. Under a memory limit the kernel can then drop and re-read their pages, as it
+    # does for a model transformers loads whole; read into this process's own memory they could not leave it.
+    mapped = store.folder is not None and torch.device(device).type == "cpu"
+    converted: dict[str, torch.Tensor] = {}
+    for name, tensor in _checkpoint_tensors(folder, mapped):
+        if tensor.is_floating_point() and tensor.dtype != dtype:
             tensor = tensor.to(dtype)
+            if mapped and _layer_of(name)[0] not in pending:
+                converted[name] = tensor
+                continue
         index, rest = _layer_of(name)
         if index in pending:
             pending[index][rest] = tensor
             if pending[index].keys() == wanted[index]:
                 store.add(index, pending.pop(index))
         else:
-            set_module_tensor_to_device(model, name, device, value=tensor)
+            set_module_tensor_to_device(model, name, device, value=tensor, dtype=tensor.dtype)
+    if converted:
+        for name, tensor in store.map_resident(converted).items():
+            set_module_tensor_to_device(model, name, device, value=tensor, dtype=tensor.dtype)
     model.tie_weights()
     missing = [n for n, p in model.named_parameters() if p.is_meta and _layer_of(n)[0] not in store.layers]
     if missing or pending:
@@ -204,11 +215,38 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
         model.generation_config = GenerationConfig.from_pretrained(folder)
     _attach_hooks(model, store, device)
     model._offload_store = store
+    if mapped:
+        return_freed_memory()
     model.eval()
     logger.info("offloaded %d of %d decoder layers to %s (%s; %s resident)", len(placement.offloaded),
                 len(model.get_decoder().layers), options.device, _mb(placement.offloaded_bytes),
                 _mb(placement.resident_bytes))
     return model
+
+
+# Allocations from this size on get pages of their own, given back to the system when freed.
+_OWN_PAGES_FROM = 1 << 20
+
+
+def return_freed_memory() -> bool:
+    """Makes glibc's allocator give freed memory back to the system instead of keeping it for reuse; returns
+    whether it could (glibc only).
+
+    By default a freed block of up to 32 MB stays in the process's heap (glibc raises its mmap threshold after
+    each large free), so an encoder window's activations and a window's caches leave ~100-150 MB of anonymous
+    memory behind, which the kernel cannot reclaim without swap. For an offloaded model under a memory limit,
+    that is the difference between fitting and being killed (docs/offload.md); the cost was within noise.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, _OWN_PAGES_FROM)) and bool(mallopt(m_trim_threshold, _OWN_PAGES_FROM))
 
 
 def offload_store(model: torch.nn.Module) -> LayerStore | None:
@@ -267,8 +305,9 @@ def _layer_of(name: str) -> tuple[int | None, str]:
     return int(index), rest
 
 
-def _checkpoint_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of a folder's safetensors checkpoint (one file or shards with an index), one at a time."""
+def _checkpoint_tensors(folder: Path, mapped: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a folder's safetensors checkpoint (one file or shards with an index), one at a time:
+    read into fresh memory, or views of a private memory map of the file when `mapped`."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -278,6 +317,9 @@ def _checkpoint_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
         raise OSError(f"{folder}: no model.safetensors (offloading reads safetensors checkpoints)")
     for file in files:
         header, start = safetensors_header(folder / file)
+        if mapped:
+            yield from map_tensors(folder / file, header, start).items()
+            continue
         with open(folder / file, "rb") as handle:
             for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
                 yield name, read_tensor(handle, entry, start)
