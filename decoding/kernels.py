@@ -83,7 +83,7 @@ class OneDnnLinear(torch.nn.Linear):
 
 # Kernels oneDNN compiles and keeps per shape met, in each of its two caches (oneDNN's own and ideep's, PyTorch's
 # wrapper), instead of their default 1,024 entries of ~0.5 MB each.
-KERNEL_CACHE_CAPACITY = 64
+KERNEL_CACHE_CAPACITY = 16
 
 
 def limit_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
@@ -92,7 +92,8 @@ def limit_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
 
     A bfloat16 or int8 assistant meets new product shapes every window (attention over prompts and drafts of
     every length), and each cached kernel holds memory: over the sonnets with `self:int8` a process grew by
-    600 MB before the defaults filled, 270 MB with 64 entries, at the same speed (docs/precision.md).
+    600 MB before the defaults filled, 270 MB with 64 entries, less again with 16, at the same speed
+    (docs/precision.md).
     """
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         os.environ.setdefault(name, str(capacity))

@@ -243,6 +243,7 @@ def summarize(runs: list[dict], configs: list[str]) -> list[dict]:
             "seconds": [r["seconds"] for r in mine], "same_words": all(r["text"] == reference for r in mine),
             "peak_mb": statistics.median(r["peak_mb"] for r in mine),
             "peak_mb_after_load": statistics.median(r["peak_mb_after_load"] for r in mine),
+            "peak_anonymous_mb": statistics.median(r.get("peak_anonymous_mb", float("nan")) for r in mine),
             **{k: mine[-1][k] for k in ("assistant", "drafting", "model_passes", "generated_tokens", "acceptance",
                                         "encode_seconds", "model_seconds", "assistant_seconds", "load_seconds")},
         })
@@ -265,11 +266,11 @@ def markdown(result: dict) -> str:
                    f"{len(rows[0]['seconds'])} interleaved runs:"), "",
               ("| configuration | assistant, drafting | median s | runs s | time / in-memory greedy's "
                "| speed-up over greedy, same placement | same words | model passes / tokens | acceptance "
-               "| peak RSS MB (after audio and load) |"),
-              "| --- | --- | ---: | --- | ---: | ---: | --- | --- | ---: | ---: |"]
+               "| peak RSS MB (after audio and load) | peak anonymous MB |"),
+              "| --- | --- | ---: | --- | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
     for r in rows:
         if "failed" in r:
-            lines.append(f"| `{r['config']}` | | | | | | | | | {r['failed']} |")
+            lines.append(f"| `{r['config']}` | | | | | | | | | {r['failed']} | |")
             continue
         versus = f"{r['median_seconds'] / memory['median_seconds']:.2f}"
         same_place = plain.get(r["config"].split(":")[0])
@@ -279,7 +280,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| `{r['config']}` | {drafting} | {r['median_seconds']:.2f} | "
                      f"{' / '.join(f'{s:.1f}' for s in r['seconds'])} | {versus} | {against} | "
                      f"{'yes' if r['same_words'] else 'NO'} | {r['model_passes']} / {r['generated_tokens']} | "
-                     f"{acceptance} | {r['peak_mb']:.0f} ({r['peak_mb_after_load']:.0f}) |")
+                     f"{acceptance} | {r['peak_mb']:.0f} ({r['peak_mb_after_load']:.0f}) | "
+                     f"{r.get('peak_anonymous_mb', float('nan')):.0f} |")
     return "\n".join(lines)
 
 

@@ -214,6 +214,10 @@ def test_a_bfloat16_offloaded_model_is_the_bfloat16_model(tiny_whisper_folder: P
     for name, parameter in offloaded.named_parameters():
         if not parameter.is_meta:
             assert torch.equal(parameter, expected[name]), name
+    # It runs over its mapped weights (the in-memory bfloat16 model packs its decoder: other kernels, so close).
+    encoder_output = torch.randn(1, 1500, 64, dtype=torch.bfloat16)
+    for got, want in zip(_logits(offloaded, encoder_output), _logits(in_memory, encoder_output)):
+        torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.05)
 
 
 def test_sizes_parse_like_accelerates() -> None:
