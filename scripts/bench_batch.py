@@ -22,7 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import REPO, command_line, figure_path, wer_items, write_figures
+from benchlib import (
+    REPO,
+    command_line,
+    figure_path,
+    use_threads,
+    wer_items,
+    write_figures,
+)
 
 
 def english_clips(limit: int | None) -> list[dict]:
@@ -104,11 +111,9 @@ def main() -> None:
     if args.short:
         args.assistants, args.batch_sizes, args.process_runs = "none,self:int8", "1,4", "none:2"
 
-    import torch
-
     from asr.assist.choose import load_pair, make_assistant
 
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     clips = english_clips(4 if args.short else None)
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as folder:
         work = Path(folder)

@@ -26,6 +26,7 @@ from benchlib import (
     load,
     sonnets,
     timed,
+    use_threads,
     wer_items,
     write_figures,
 )
@@ -87,7 +88,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(figure_path("draft")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     bundle = load_model("base")
     recordings = english_recordings()
     options = TranscribeOptions(language="en")

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 
 import torch
-from benchlib import command_line, figure_path, timed, write_figures
+from benchlib import command_line, figure_path, timed, use_threads, write_figures
 
 PROMPT = ("And so my fellow Americans, ask not what your country can do for you, ask what you can do for your "
           "country. My fellow citizens of the world, ask not what America will do for you,")
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(figure_path("engine")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
 
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.set_verbosity_error()

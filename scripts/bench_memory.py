@@ -26,6 +26,7 @@ from benchlib import (
     command_line,
     figure_path,
     load,
+    use_threads,
     write_figures,
 )
 
@@ -57,17 +58,13 @@ def main() -> None:
     args = parser.parse_args()
 
     import soundfile as sf
-    import torch
 
     from asr.assist.choose import make_assistant
     from asr.longform import transcribe
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
 
-    torch.set_num_threads(args.threads)
-    from decoding.kernels import limit_kernel_caches
-
-    limit_kernel_caches()  # as the command line does
+    use_threads(args.threads)
     path = Path(args.keep) if args.keep else Path(tempfile.mkdtemp()) / "long.flac"
     if not path.exists():
         sf.write(path, long_recording(args.minutes * 60), SAMPLE_RATE)

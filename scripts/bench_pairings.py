@@ -15,8 +15,14 @@ import argparse
 import time
 
 import numpy as np
-import torch
-from benchlib import SAMPLE_RATE, command_line, figure_path, sonnets, write_figures
+from benchlib import (
+    SAMPLE_RATE,
+    command_line,
+    figure_path,
+    sonnets,
+    use_threads,
+    write_figures,
+)
 
 from asr.assist.choose import make_assistant
 from asr.longform import transcribe
@@ -30,7 +36,7 @@ def main() -> None:
     parser.add_argument("--specs", default="none,self:int8,self:bf16,tiny.en,self")
     parser.add_argument("--out", default=str(figure_path("pairings")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     bundle = load_model("base")
     audio = sonnets()
     specs = args.specs.split(",")

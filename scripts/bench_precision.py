@@ -19,7 +19,7 @@ import argparse
 import statistics
 
 import torch
-from benchlib import command_line, figure_path, timed, write_figures
+from benchlib import command_line, figure_path, timed, use_threads, write_figures
 
 from asr.assist.choose import make_assistant
 from asr.models.precision import INT8, native_bfloat16
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=str(figure_path("precision-steps")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     configs = [("float32, PyTorch kernels", torch.float32, True), ("float32", torch.float32, False)]
     if native_bfloat16():
         configs.append(("bfloat16", torch.bfloat16, False))

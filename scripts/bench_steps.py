@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from benchlib import command_line, figure_path, timed, write_figures
+from benchlib import command_line, figure_path, timed, use_threads, write_figures
 from torch.profiler import ProfilerActivity, profile
 
 from asr.assist.assistants import low_precision_decoder
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(figure_path("steps")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     data: dict[str, dict] = {"peak_gflops": {}, "encoder_s_per_window": {}, "encoder_window": {}, "passes": {}}
     rows: list[tuple[str, str]] = []  # (what, figure) for the Markdown table
 

@@ -36,6 +36,7 @@ from benchlib import (
     markdown_page,
     read_figures,
     rewrite_markdown,
+    use_threads,
     write_figures,
 )
 
@@ -132,14 +133,13 @@ def main() -> None:
         write_summary(args.out)
         return
 
-    import torch
 
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
     from audio.vad import VadOptions
     from eval.wer import error_counts
 
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     audios = recordings()
     if args.only:
         audios = {name: audios[name] for name in args.only.split(",")}

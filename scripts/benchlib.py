@@ -37,10 +37,21 @@ VOXPOPULI = "voxpopuli-en-000.ogg"
 
 __all__ = ["EVALDATA", "FIGURES", "REPO", "SAMPLE_RATE", "SONNETS", "VOXPOPULI", "command_line", "figure_path",
            "figure_stem", "load", "longform_rows", "machine", "machine_line", "markdown_page", "read_figures",
-           "rewrite_markdown", "sonnets", "sonnets_reference", "timed", "wer_items", "write_figures"]
+           "rewrite_markdown", "sonnets", "sonnets_reference", "timed", "use_threads", "wer_items", "write_figures"]
 
 
 # --- timing -------------------------------------------------------------------------------------------------
+
+
+def use_threads(threads: int) -> None:
+    """Torch on `threads` CPU threads, with oneDNN's kernel caches bounded as the command line bounds them
+    (`decoding.kernels.limit_kernel_caches`: they decide a bfloat16 or int8 run's memory)."""
+    import torch
+
+    from decoding.kernels import limit_kernel_caches
+
+    limit_kernel_caches()
+    torch.set_num_threads(threads)
 
 def timed(fn: Callable[[], Any], repeats: int, *, warmup: int = 1, mean: bool = False,
           sync: Callable[[], None] | None = None, results: list | None = None) -> float:
