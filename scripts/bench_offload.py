@@ -274,7 +274,8 @@ def markdown(result: dict) -> str:
             continue
         versus = f"{r['median_seconds'] / memory['median_seconds']:.2f}"
         same_place = plain.get(r["config"].split(":")[0])
-        against = "" if same_place is None else f"{same_place['median_seconds'] / r['median_seconds']:.2f}x"
+        against = "" if same_place is None or r["config"] == UNLIMITED else \
+            f"{same_place['median_seconds'] / r['median_seconds']:.2f}x"
         acceptance = "-" if r["acceptance"] is None else f"{100 * r['acceptance']:.0f} %"
         drafting = "-" if r["assistant"] == "none" else f"{r['assistant']}, {r['drafting'][0]} k={r['drafting'][1]}"
         lines.append(f"| `{r['config']}` | {drafting} | {r['median_seconds']:.2f} | "

@@ -220,6 +220,23 @@ def test_a_bfloat16_offloaded_model_is_the_bfloat16_model(tiny_whisper_folder: P
         torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.05)
 
 
+@pytest.mark.parametrize("groups, file, content, expected", [
+    ("0::/box\n", "box/memory.max", "629145600\n", 629145600),
+    ("0::/box\n", "box/memory.max", "max\n", None),
+    ("12:cpu:/x\n5:memory:/box\n", "memory/box/memory.limit_in_bytes", "734003200\n", 734003200),
+    ("5:memory:/box\n", "memory/box/memory.limit_in_bytes", "9223372036854771712\n", None),  # v1's "no limit"
+    ("5:memory:/box\n", "elsewhere", "1", None),
+])
+def test_the_cgroup_memory_limit_is_read_from_v1_and_v2(tmp_path: Path, groups: str, file: str, content: str,
+                                                         expected: int | None) -> None:
+    from asr.models.offload import memory_limit
+
+    (tmp_path / "cgroup").write_text(groups)
+    (tmp_path / "fs" / file).parent.mkdir(parents=True)
+    (tmp_path / "fs" / file).write_text(content)
+    assert memory_limit(tmp_path / "cgroup", tmp_path / "fs") == expected
+
+
 def test_sizes_parse_like_accelerates() -> None:
     assert parse_size("300MB") == 300 * 10**6
     assert parse_size("1.5GiB") == int(1.5 * 2**30)
