@@ -17,8 +17,8 @@
    let this user create one) limited to MB, which counts the page cache: offloaded layers read from disk no
    longer stay cached, as on a machine too small for the model. Before each limited run the page cache is
    emptied, so that the run reads (and is charged for) the model's files itself. A configuration that does not
-   fit is killed and reported so. Each round starts with an in-memory greedy run without the limit, the reference for words
-   and speed (`memory:none (no limit)`).
+   fit is killed and reported so, one that runs past `--time-limit S` is stopped. Each round starts with an
+   in-memory greedy run without the limit, the reference for words and speed (`memory:none (no limit)`).
 
 Writes docs/figures/offload.json and docs/figures/offload.md, both tables (`--out` to change; `--render`
 rewrites OUT.md from OUT.json); each end-to-end run is also appended to OUT.runs.jsonl as it ends.
@@ -174,7 +174,7 @@ def memory_group(limit_mb: int) -> Path:
     return group
 
 
-def evict_page_cache() -> str:
+def evict_page_cache() -> None:
     """Empties the page cache before a limited run, so that the model's files are read (and charged) inside the
     cgroup: a page stays charged to the group that first read it, so files the parent or an earlier run read
     would otherwise be free to the limited process. All of the machine's clean cache where this user may
@@ -182,7 +182,6 @@ def evict_page_cache() -> str:
     os.sync()
     try:
         Path("/proc/sys/vm/drop_caches").write_text("1")
-        return "page cache dropped"
     except OSError:
         from asr.models.cache import cache_dir
 
@@ -190,7 +189,6 @@ def evict_page_cache() -> str:
             if path.is_file():
                 with path.open("rb") as handle:
                     os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        return "model files evicted"
 
 
 def end_to_end(configs: list[str], repeats: int, threads: int, log: Path, group: Path | None = None,

@@ -171,8 +171,9 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
     """A `WhisperForConditionalGeneration` from a folder of safetensors files, with decoder layers offloaded.
 
     Resident tensors are read one at a time into their own memory (on a CPU, mapped from the file instead);
-    offloaded layers go straight to their store, so loading never holds the whole model. Module forwards (word alignment, transformers' generate)
-    still work: each offloaded layer carries accelerate's `AlignDevicesHook` over the same weights.
+    offloaded layers go straight to their store, so loading never holds the whole model. Module forwards (word
+    alignment, transformers' generate) still work: each offloaded layer carries accelerate's `AlignDevicesHook`
+    over the same weights.
 
     Raises:
         OffloadError: see `plan_placement`.
