@@ -21,7 +21,7 @@ import tempfile
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -193,7 +193,9 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
     # does for a model transformers loads whole; read into this process's own memory they could not leave it.
     mapped = store.folder is not None and torch.device(device).type == "cpu"
     converted: dict[str, torch.Tensor] = {}
-    for name, tensor in _checkpoint_tensors(folder, mapped):
+    # (Offloaded layers are read, not mapped: only their files in the offload folder are touched afterwards.)
+    resident = (lambda name: _layer_of(name)[0] not in pending) if mapped else None
+    for name, tensor in _checkpoint_tensors(folder, resident):
         if tensor.is_floating_point() and tensor.dtype != dtype:
             tensor = tensor.to(dtype)
             if mapped and _layer_of(name)[0] not in pending:
@@ -339,9 +341,10 @@ def _layer_of(name: str) -> tuple[int | None, str]:
     return int(index), rest
 
 
-def _checkpoint_tensors(folder: Path, mapped: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of a folder's safetensors checkpoint (one file or shards with an index), one at a time:
-    read into fresh memory, or views of a private memory map of the file when `mapped`."""
+def _checkpoint_tensors(folder: Path, mapped: Callable[[str], bool] | None = None
+                        ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a folder's safetensors checkpoint (one file or shards with an index), one at a time: read
+    into fresh memory, or, where `mapped(name)` holds, a view of a private memory map of the file."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -351,9 +354,7 @@ def _checkpoint_tensors(folder: Path, mapped: bool = False) -> Iterator[tuple[st
         raise OSError(f"{folder}: no model.safetensors (offloading reads safetensors checkpoints)")
     for file in files:
         header, start = safetensors_header(folder / file)
-        if mapped:
-            yield from map_tensors(folder / file, header, start).items()
-            continue
+        views = map_tensors(folder / file, header, start) if mapped is not None else {}
         with open(folder / file, "rb") as handle:
             for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-                yield name, read_tensor(handle, entry, start)
+                yield name, views[name] if mapped is not None and mapped(name) else read_tensor(handle, entry, start)
