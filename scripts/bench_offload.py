@@ -209,16 +209,17 @@ def end_to_end(configs: list[str], repeats: int, threads: int, log: Path, group:
                                      check=False, capture_output=True, text=True, cwd=REPO, preexec_fn=enter,
                                      timeout=time_limit)
             except subprocess.TimeoutExpired:
-                out = subprocess.CompletedProcess([], "timeout", "", "")
-            if out.returncode == "timeout":
-                reason = f"stopped after {time_limit:.0f} s (paging its weights in and out)"
-                run, outcome = {"failed": reason}, f"failed: {reason}"
-            elif out.returncode == 0:
+                out = None
+            if out is not None and out.returncode == 0:
                 run = json.loads(out.stdout.strip().splitlines()[-1])
                 outcome = f"{run['seconds']:7.2f} s  peak {run['peak_mb']:.0f} MB"
             else:
-                killed = out.returncode == -9 and limited is not None
-                reason = "killed: does not fit the memory limit" if killed else (out.stderr.strip().splitlines() or ["?"])[-1]
+                if out is None:
+                    reason = f"stopped after {time_limit:.0f} s (paging its weights in and out)"
+                elif out.returncode == -9 and limited is not None:
+                    reason = "killed: does not fit the memory limit"
+                else:
+                    reason = (out.stderr.strip().splitlines() or ["?"])[-1]
                 run, outcome = {"failed": reason}, f"failed: {reason}"
             run["config"], run["repeat"] = label, repeat
             with log.open("a") as handle:

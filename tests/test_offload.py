@@ -226,6 +226,7 @@ def test_a_bfloat16_offloaded_model_is_the_bfloat16_model(tiny_whisper_folder: P
     ("12:cpu:/x\n5:memory:/box\n", "memory/box/memory.limit_in_bytes", "734003200\n", 734003200),
     ("5:memory:/box\n", "memory/box/memory.limit_in_bytes", "9223372036854771712\n", None),  # v1's "no limit"
     ("5:memory:/box\n", "elsewhere", "1", None),
+    ("garbled\n0::/box\n", "box/memory.max", "629145600\n", 629145600),  # a line it cannot read is passed over
 ])
 def test_the_cgroup_memory_limit_is_read_from_v1_and_v2(tmp_path: Path, groups: str, file: str, content: str,
                                                          expected: int | None) -> None:

@@ -185,7 +185,9 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(config)
     placement = plan_placement(model, options, dtype)
-    store = _new_store(options, device)
+    # Under a cgroup memory limit (read once here) every megabyte left to the page cache counts.
+    limited = torch.device(device).type == "cpu" and memory_limit() is not None
+    store = _new_store(options, device, limited)
     wanted = {i: {n for n, _ in model.get_decoder().layers[i].named_parameters()} for i in placement.offloaded}
     pending: dict[int, dict[str, torch.Tensor]] = {i: {} for i in placement.offloaded}
     # On a CPU the resident weights stay file-backed: views of the checkpoint's memory map, or of a converted
@@ -196,12 +198,12 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
     # (Offloaded layers are read, not mapped: only their files in the offload folder are touched afterwards.)
     resident = (lambda name: _layer_of(name)[0] not in pending) if mapped else None
     for name, tensor in _checkpoint_tensors(folder, resident):
+        index, rest = _layer_of(name)
         if tensor.is_floating_point() and tensor.dtype != dtype:
             tensor = tensor.to(dtype)
-            if mapped and _layer_of(name)[0] not in pending:
+            if mapped and index not in pending:
                 converted[name] = tensor
                 continue
-        index, rest = _layer_of(name)
         if index in pending:
             pending[index][rest] = tensor
             if pending[index].keys() == wanted[index]:
@@ -220,9 +222,8 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
         model.generation_config = GenerationConfig.from_pretrained(folder)
     _attach_hooks(model, store, device)
     model._offload_store = store
-    if mapped and memory_limit() is not None:
-        # Under a limit every megabyte left to the page cache counts; without one the allocator's reuse is
-        # faster (the encoder took ~25 % longer with this setting).
+    if mapped and limited:
+        # Without a limit the allocator's reuse is faster (the encoder took ~25 % longer with this setting).
         return_freed_memory()
     model.eval()
     logger.info("offloaded %d of %d decoder layers to %s (%s; %s resident)", len(placement.offloaded),
@@ -244,7 +245,10 @@ def memory_limit(groups_file: Path = Path("/proc/self/cgroup"), root: Path = Pat
     except OSError:
         return None
     for line in groups:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         if controllers == "":
             file = root / path.lstrip("/") / "memory.max"
         elif "memory" in controllers.split(","):
@@ -302,17 +306,16 @@ def materialized(layer: torch.nn.Module) -> Iterator[torch.nn.Module]:
         hook.post_forward(layer, None)
 
 
-def _new_store(options: OffloadOptions, device: str) -> LayerStore:
+def _new_store(options: OffloadOptions, device: str, limited: bool) -> LayerStore:
     if options.device == "cpu":
         return LayerStore(None, torch.device(device), prefetch=options.prefetch)
     parent = Path(options.folder).expanduser() if options.folder else None
     folder = Path(tempfile.mkdtemp(prefix="asr-offload-", dir=parent))
-    # Under a memory limit the layer files, read once a pass, would push the resident weights' pages out of the
-    # page cache the limit leaves: they are dropped after each read (docs/offload.md: 20.6 s against 26.2 s
-    # at a 700 MB limit).
-    drop = options.drop_page_cache or (torch.device(device).type == "cpu" and memory_limit() is not None)
+    # Under a memory limit (`limited`) the layer files, read once a pass, would push the resident weights' pages
+    # out of the page cache the limit leaves: they are dropped after each read (docs/offload.md: 20.6 s against
+    # 26.2 s at a 700 MB limit).
     store = LayerStore(folder, torch.device(device), reader=options.reader, prefetch=options.prefetch,
-                       drop_page_cache=drop)
+                       drop_page_cache=options.drop_page_cache or limited)
     # The layer files are this process's own copy: they go when the model does, or at exit.
     weakref.finalize(store, shutil.rmtree, folder, ignore_errors=True)
     return store
