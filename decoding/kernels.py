@@ -121,26 +121,40 @@ class Attention:
     """`attention(q, k, v, mask=None)` for `[batch, heads, rows, head_dim]` tensors, softmax scale 1/sqrt(d).
 
     On a CPU it is product, softmax, product over keys and values that `prepare` lays out once for all steps
-    (the cross-attention's: a product over a strided operand copies it, 1,500 rows a call). SDPA's CPU
-    kernel is made for many query rows: with a few it made base's decoder pass slower in float32 and a call
-    several times slower in bfloat16 (docs/precision.md). On other devices it is SDPA.
+    (the cross-attention's: a product over a strided operand copies it, 1,500 rows a call). SDPA's CPU kernel is
+    made for many query rows: with a few it made base's decoder pass slower in float32 and a call several times
+    slower in bfloat16 (docs/precision.md). PyTorch's bfloat16 batched products are slow for one row too (a third
+    of an int8 draft's step), so a bfloat16 or int8 decoder keeps its keys and values in float32 and multiplies
+    them there, rounding only the result back; except where `exact_rows` asks that each query row get the bits
+    it would get alone (the int8 model, whose check of drafts must give a one-token step's logits): float32
+    products over several rows sum in another order than over one, bfloat16's do not. On other devices it is
+    SDPA in the model's precision.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, exact_rows: bool = False) -> None:
         self.plain = not _REFERENCE.get() and device.type == "cpu"
+        self.exact_rows = exact_rows
 
-    def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """Keys or values read by many calls, in the layout `__call__(..., ready=True)` takes (transposed)."""
-        return x.transpose(-1, -2).contiguous() if self.plain else x
+    def dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The precision keys and values are kept in for a decoder computing in `model_dtype`."""
+        return torch.float32 if self.plain and not self.exact_rows else model_dtype
+
+    def prepare(self, x: torch.Tensor, keys: bool = True) -> torch.Tensor:
+        """Keys or values read by many calls, laid out as `__call__(..., ready=True)` takes them."""
+        if not self.plain:
+            return x
+        return (x.transpose(-1, -2) if keys or self.exact_rows else x).to(self.dtype(x.dtype)).contiguous()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
                  ready: bool = False) -> torch.Tensor:
         if not self.plain:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        scores = (q * q.shape[-1] ** -0.5).contiguous() @ (k if ready else k.transpose(-1, -2))
+        scores = (q.to(k.dtype) * q.shape[-1] ** -0.5).contiguous() @ (k if ready else k.transpose(-1, -2))
         if mask is not None:
             scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, -torch.inf)
         weights = scores.softmax(-1)
+        if not self.exact_rows:
+            return (weights @ v).to(q.dtype)
         # values.T @ weights.T: each query row's sum over the keys then runs in the same order whatever the
         # number of rows (weights @ values switches kernels between one row and several, and rounds differently).
-        return ((v if ready else self.prepare(v)) @ weights.transpose(-1, -2)).transpose(-1, -2)
+        return ((v if ready else self.prepare(v, keys=False)) @ weights.transpose(-1, -2)).transpose(-1, -2)

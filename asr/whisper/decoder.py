@@ -51,17 +51,18 @@ class WhisperDecoderAdapter:
         self.max_length = int(config.max_target_positions)
         self.device = encoder_output.device
         self.dtype = self.embed_positions.dtype
-        self.attention = Attention(self.device)
         # Self-attention over a fixed number of key slots (masked past each row's position) for decoders whose
         # other products compute each row on its own (`asr.models.precision.quantize_model`): then a row's softmax and
         # weighted sum run over the same slots in a one-token step and in a check of many drafts, and its
         # logits are the same bits either way. Over only the filled slots, the sums' order follows their count.
         self.span = getattr(model, "attention_span", None)
         self.capacity = max(capacity, self.span or 0)
+        self.attention = Attention(self.device, exact_rows=self.span is not None)
+        self.kv_dtype = self.attention.dtype(self.dtype)
         with torch.inference_mode():
             encoder_output = encoder_output.to(self.dtype)
             self.cross = [(self.attention.prepare(self._split(layer.cross_k(encoder_output))),
-                           self.attention.prepare(self._split(layer.cross_v(encoder_output))))
+                           self.attention.prepare(self._split(layer.cross_v(encoder_output)), keys=False))
                           for layer in self._plans()]
 
     def _plans(self) -> Iterator[_LayerPlan]:
@@ -76,8 +77,8 @@ class WhisperDecoderAdapter:
         return x.view(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
 
     def new_cache(self, batch_size: int = 1) -> StaticKVCache:
-        return StaticKVCache.empty(len(self.layers), batch_size, self.heads, self.head_dim, self.capacity, self.dtype,
-                                   self.device)
+        return StaticKVCache.empty(len(self.layers), batch_size, self.heads, self.head_dim, self.capacity,
+                                   self.kv_dtype, self.device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, num_logits: int,
