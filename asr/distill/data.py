@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from asr.distill.tts import Voice, available_voices, degrade, synthesize
+from asr.distill.tts import SynthesizerError, Voice, available_voices, degrade, synthesize
 from asr.longform import DecodedWindow, transcribe_many
 from asr.options import TranscribeOptions
 from asr.whisper.decoder import WhisperDecoderAdapter
@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 # Engines drawn for each synthesised recording (espeak-ng has by far the most voices; the others sound
 # more natural, so they are drawn more often than their voice count would give; Piper's neural voices most of all).
 ENGINE_WEIGHTS = {"espeak-ng": 0.5, "flite": 0.3, "festival": 0.2, "piper": 1.0}
+# Sentences in a row that the synthesisers fail to speak before synthesis gives up.
+MAX_FAILURES = 20
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def synthesize_recordings(folder: Path, sentences: list[str], minutes: float, se
                 done[row["audio"]] = row["seconds"]
             except (ValueError, KeyError):
                 continue  # a line cut by an interrupted run: that recording is made again
-    paths, total, index = [], 0.0, 0
+    paths, total, index, failures = [], 0.0, 0, 0
     with manifest.open("a") as out:
         while total < minutes * 60:
             name = f"{index:06d}.flac"
@@ -124,8 +126,20 @@ def synthesize_recordings(folder: Path, sentences: list[str], minutes: float, se
             text = [sentences[(start + i) % len(sentences)] for i in range(count)]
             pieces = [np.zeros(int(rng.uniform(0.1, 0.6) * SAMPLE_RATE), np.float32)]
             for sentence in text:
-                pieces.append(synthesize(voice, sentence, rng))
+                try:
+                    pieces.append(synthesize(voice, sentence, rng))
+                    failures = 0
+                except SynthesizerError as error:
+                    # One sentence an engine cannot speak loses that sentence, not the run; an engine that
+                    # fails every time stops it.
+                    failures += 1
+                    if failures >= MAX_FAILURES:
+                        raise SynthesizerError(f"{error} ({failures} times in a row)") from None
+                    logger.warning("%s; the sentence is left out", error)
+                    continue
                 pieces.append(np.zeros(int(rng.uniform(0.15, 1.2 if long else 0.5) * SAMPLE_RATE), np.float32))
+            if len(pieces) == 1:
+                continue  # nothing was spoken
             samples = degrade(np.concatenate(pieces), rng)
             seconds = len(samples) / SAMPLE_RATE
             if not long and seconds > 29.0:

