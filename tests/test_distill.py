@@ -123,6 +123,11 @@ def test_an_interrupted_run_resumes_from_its_work_folder(tiny_whisper_folder: Pa
     training = json.loads((tmp_path / "more" / "draft.json").read_text())["training"]
     assert training["steps"] == 20
     assert training["curve"][0][0] == 12  # the first run's checkpoint, then 8 more steps
+    # A draft of other layers on the same data trains from its own start, not from that checkpoint.
+    result = run(str(tiny_whisper_folder), "-o", str(tmp_path / "first-layer"), "--audio", str(SAMPLES), "--steps", "3",
+                 "--layers", "0", "--held-out", "0.3", "--work-dir", str(work))
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "first-layer" / "draft.json").read_text())["training"]["steps"] == 3
     # Another recipe in the same work folder is refused rather than mixed in.
     result = run(str(tiny_whisper_folder), "-o", str(tmp_path / "other"), "--audio", str(SAMPLES), "--seed", "1",
                  "--work-dir", str(work))
@@ -146,6 +151,7 @@ def test_bad_input_gets_one_line(tiny_whisper_folder: Path, tmp_path: Path, monk
     assert "no such file" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "c"), "--audio",
                                           str(tmp_path / "missing")))
     monkeypatch.setenv("PATH", str(tmp_path))  # no synthesiser to be found
+    monkeypatch.setattr("asr.distill.tts.piper_voice_models", lambda: [])
     assert "needs a speech synthesiser" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "d"), "--tts"))
 
 

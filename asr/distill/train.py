@@ -26,7 +26,12 @@ from asr.distill.data import Window, load_window
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint.safetensors"
+
+
+def checkpoint_path(work: Path, draft: DraftDecoder) -> Path:
+    """The draft's checkpoint in the work folder, named by the teacher layers it starts from: drafts of other
+    layers (`--layers`) trained on the same cached data keep their own."""
+    return work / f"checkpoint-{'-'.join(map(str, draft.teacher_layers))}.safetensors"
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ def agreement(draft: DraftDecoder, windows: Sequence[Window], *, eot: int, suppr
 def train_draft(draft: DraftDecoder, train: list[Path], held: list[Window], work: Path, options: TrainOptions, *,
                 eot: int, suppress: Sequence[int], device: str = "cpu",
                 progress: Callable[[int, float, float | None], None] | None = None) -> dict:
-    """Trains the draft in place on the cached windows `train`; resumes from `work/checkpoint.safetensors`.
+    """Trains the draft in place on the cached windows `train`; resumes from its checkpoint in `work`.
 
     Args:
         held: held-out windows whose agreement is measured every `eval_every` steps and at the end.
@@ -149,7 +154,8 @@ def train_draft(draft: DraftDecoder, train: list[Path], held: list[Window], work
     for p in params.values():
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(list(params.values()), lr=options.learning_rate, weight_decay=0.01)
-    step, history = _restore(work / CHECKPOINT, params, optimizer)
+    checkpoint = checkpoint_path(work, draft)
+    step, history = _restore(checkpoint, params, optimizer)
     if step == 0:
         history["agreement_before"] = agreement(draft, held, eot=eot, suppress=suppress, device=torch_device).rate
 
@@ -193,7 +199,7 @@ def train_draft(draft: DraftDecoder, train: list[Path], held: list[Window], work
             history.update(agreement=latest, loss=loss_value,
                            minutes=spent_before + (time.perf_counter() - started) / 60)
             history.setdefault("curve", []).append([step, round(latest, 4)])
-            _save_checkpoint(work / CHECKPOINT, params, optimizer, step, history)
+            _save_checkpoint(checkpoint, params, optimizer, step, history)
         if progress is not None:
             progress(step, loss_value, latest)
     draft.eval()
@@ -201,7 +207,7 @@ def train_draft(draft: DraftDecoder, train: list[Path], held: list[Window], work
     history.update(steps=step, loss=loss_value, agreement=final.rate, held_out_positions=final.positions,
                    minutes=round(spent_before + (time.perf_counter() - started) / 60, 2),
                    options=asdict(options))
-    _save_checkpoint(work / CHECKPOINT, params, optimizer, step, history)
+    _save_checkpoint(checkpoint, params, optimizer, step, history)
     for p in params.values():
         p.requires_grad_(False)
     return history
