@@ -198,3 +198,19 @@ def test_a_sentence_a_synthesiser_cannot_speak_is_left_out(tmp_path: Path, monke
     # An engine that fails every time stops synthesis with its error, rather than trying for ever.
     with pytest.raises(SynthesizerError, match="times in a row"):
         data.synthesize_recordings(tmp_path / "other", ["broken"], 0.5, seed=0)
+
+
+def test_a_draft_drafts_short_constant_rounds_unless_told_otherwise(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+    from asr.assist.choose import DRAFT_SCHEDULE, make_assistant
+    from asr.assist.draft import save_draft
+    from asr.models.registry import load_model
+    from asr.options import TranscribeOptions
+
+    bundle = load_model(str(tiny_whisper_folder))
+    save_draft(DraftDecoder(bundle.model, [1]), bundle.model, tmp_path / "draft", model_name="tiny", training={})
+    for spec in (str(tmp_path / "draft"), f"{tmp_path / 'draft'}:int8"):
+        assistant = make_assistant(spec, bundle)
+        assert assistant.schedule == DRAFT_SCHEDULE == ("constant", 3)
+        assert TranscribeOptions().drafting(assistant.schedule) == ("constant", 3)
+        assert TranscribeOptions(schedule="heuristic", num_assistant_tokens=5).drafting(assistant.schedule) == \
+            ("heuristic", 5)
