@@ -129,10 +129,14 @@ def test_auto_picks_a_student_only_where_it_pays() -> None:
         assert auto_assistant(device, "local:/models/whisper-large-v3") == "none"
 
 
-def test_auto_is_plain_decoding_for_base_and_when_its_student_cannot_load(base, monkeypatch, caplog) -> None:
+def test_auto_drafts_with_base_draft_for_base_and_decodes_alone_when_its_student_cannot_load(base, monkeypatch,
+                                                                                              caplog) -> None:
     import asr.assist.choose
 
-    assert make_assistant("auto", base) is None
+    # On a CPU `base` has no distil-whisper student: its shipped draft's int8 copy, in constant rounds of 3.
+    chosen = make_assistant("auto", base)
+    assert chosen is not None and chosen.name == "base-draft:int8" and chosen.schedule == ("constant", 3)
+    assert make_assistant("auto", base, batched=True) is None  # it made batches of windows slower
     monkeypatch.setattr(asr.assist.choose, "auto_assistant", lambda device, source: "/nonexistent/distil-student")
     with caplog.at_level("WARNING", logger="asr.assist.choose"):
         assert make_assistant("auto", base) is None

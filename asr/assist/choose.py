@@ -25,7 +25,7 @@ from asr.models.precision import Precision, compute_dtype
 logger = logging.getLogger(__name__)
 
 def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype: Precision = torch.float32,
-              offload: OffloadOptions | None = None) -> tuple[Any, Any]:
+              offload: OffloadOptions | None = None, batched: bool = False) -> tuple[Any, Any]:
     """Loads the model (offloading its decoder layers if asked: `asr.models.offload`) and resolves `assistant`
     for it (`make_assistant`).
 
@@ -36,12 +36,16 @@ def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype
     from asr.models.registry import load_model
 
     bundle = load_model(model, device=device, dtype=dtype, offload=offload)
-    return bundle, make_assistant(assistant, bundle, device=device, dtype=dtype)
+    return bundle, make_assistant(assistant, bundle, device=device, dtype=dtype, batched=batched)
 
 
-def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: Precision = torch.float32):
+def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: Precision = torch.float32,
+                   batched: bool = False):
     """Resolves `--assistant`: none, auto, self[:PRECISION], or a registry name, hub id or local folder with an
     optional `:PRECISION` (`tiny.en:int8`: the assistant drafts with a lower-precision copy of its decoder).
+
+    `batched`: windows will be decoded several at a time (`--batch-size`); `auto` then takes no shipped draft,
+    which made batches slower (docs/drafts.md).
 
     Returns:
         An assistant with `prepare`, or None for plain decoding.
@@ -57,6 +61,8 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     if spec == "auto":
         device_type = next(model_bundle.model.parameters()).device.type
         chosen = auto_assistant(device_type, model_bundle.source)
+        if chosen == "none" and device_type == "cpu" and not batched:
+            chosen = shipped_draft_for(model_bundle.model) or chosen
         logger.info("--assistant auto chose %s", chosen)
         try:
             assistant = make_assistant(chosen, model_bundle, device=device, dtype=dtype)
@@ -119,6 +125,24 @@ def shipped_drafts() -> dict[str, Path]:
     return {p.name: p for p in sorted(DRAFTS_DIR.iterdir()) if is_draft_folder(p)}
 
 
+def shipped_draft_for(model: torch.nn.Module) -> str | None:
+    """The int8 copy of a shipped draft trained for `model` (`base-draft:int8` for `base`), or None.
+
+    `auto` drafts with it on a CPU where no distil-whisper student exists: with constant rounds of 3 it was
+    faster than plain greedy with the same words on every set measured (docs/drafts.md: 1.07x-1.25x on the
+    sonnets and VoxPopuli, 1.15x on the 65 English WER recordings), and on short clips faster than `self:int8`.
+    """
+    from asr.assist.draft import load_draft
+
+    for name, folder in shipped_drafts().items():
+        try:
+            load_draft(folder, model)  # refuses a draft trained for another model
+        except ValueError:
+            continue
+        return f"{name}:int8"
+    return None
+
+
 def draft_folder(name: str) -> Path | None:
     """The folder of a draft named `name` (shipped) or at path `name` (written by `asr distill`), else None."""
     from asr.assist.draft import is_draft_folder
@@ -168,10 +192,10 @@ def auto_assistant(device_type: str, source: str) -> str:
 
     A distil-whisper student that shares the model's encoder where one exists: on a GPU, where a large
     model's step costs many times a 2-layer student's; on a CPU only where the student's step is a small
-    fraction of the model's (`CPU_STUDENTS`). Otherwise none: for a model as small as `base` no assistant
-    available here pays on either (a CPU step is bound by memory traffic that a same-size copy cannot shed;
-    the distilled `base-draft` agrees too rarely to make up for its own steps; a GPU step is bound by kernel
-    launches: docs/benchmarks.md, "Each assistant for `base` on a CPU" and "`base` on a GPU").
+    fraction of the model's (`CPU_STUDENTS`). Otherwise none here; on a CPU `make_assistant` then drafts with
+    a shipped draft trained for the model if there is one (`shipped_draft_for`: `base-draft:int8` for `base`).
+    On a GPU nothing pays for a model as small as `base` (a step is bound by kernel launches:
+    docs/benchmarks.md, "`base` on a GPU").
     """
     student = DISTIL_FOR.get(source.removeprefix("hub:"), "none")
     if device_type == "cpu" and student not in CPU_STUDENTS:
