@@ -109,7 +109,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
 # How a distilled draft drafts unless told otherwise (`--schedule`, `--num-assistant-tokens`): its steps are cheap
 # but it agrees on about three tokens in four, so short rounds of a constant length waste fewer steps than the
 # heuristic schedule, which grows k after every fully accepted round (docs/drafts.md: `base-draft:int8` on the
-# sonnets and VoxPopuli, 1.25x greedy with k = 3 against 1.03x with the heuristic, in one interleaved run).
+# sonnets and VoxPopuli, 1.07x-1.25x greedy with k = 3 in three interleaved runs, 1.02x-1.03x with the heuristic).
 DRAFT_SCHEDULE = ("constant", 3)
 
 # Drafts trained by `asr distill` and shipped with the package, by name (`--assistant base-draft`).

@@ -27,7 +27,6 @@ from asr.distill.data import Window, load_window
 logger = logging.getLogger(__name__)
 
 
-
 def checkpoint_path(work: Path, draft: DraftDecoder) -> Path:
     """The draft's checkpoint in the work folder, named by the teacher layers it starts from: drafts of other
     layers (`--layers`) trained on the same cached data keep their own."""

