@@ -276,10 +276,11 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, de
                 model = models[precision]
                 assistant = None
                 if config.uses_assistant:
-                    key = (config.assistant, precision, config.kind == "batched")  # `auto` depends on batching
+                    batched = config.kind == "batched"  # `auto` depends on it
+                    key = (config.assistant, precision, batched)
                     if key not in assistants:
                         assistants[key] = make_assistant(config.assistant, model, device=device, dtype=precision,
-                                                         batched=key[2])
+                                                         batched=batched)
                     assistant = assistants[key]
                 backends.append(LibraryBackend(config, model, assistant))
             elif config.kind in ("transformers", "transformers-assisted"):

@@ -215,3 +215,26 @@ def test_srt_and_vtt_parse(plain_sonnets, tmp_path) -> None:
     assert text.startswith("WEBVTT\n\n")
     vtt_cue = re.compile(r"^(\d\d:)?\d\d:\d\d\.\d{3} --> (\d\d:)?\d\d:\d\d\.\d{3}\n.+$", re.S)
     assert all(vtt_cue.match(block) for block in text[len("WEBVTT\n\n"):].strip().split("\n\n"))
+
+
+@pytest.mark.parametrize(("command", "extra", "batched"), [
+    ("transcribe", [], False), ("transcribe", ["--batch-size", "1"], True), ("batch", [], False),
+    ("batch", ["--batch-size", "4"], True), ("batch", ["--chunked"], True)])
+def test_the_command_line_tells_auto_whether_windows_are_batched(monkeypatch, tmp_path, command, extra,
+                                                                 batched) -> None:
+    from click.testing import CliRunner
+
+    import asr.assist.choose
+    from asr.cli import main
+    from tests.conftest import SAMPLES
+
+    def load_pair(*args, **kwargs):
+        raise ValueError(f"batched={kwargs['batched']}")  # stops the command once the flag is known
+
+    monkeypatch.setattr(asr.assist.choose, "load_pair", load_pair)
+    clip = str(SAMPLES / "numbers.flac")
+    args = [command, clip, "--assistant", "auto", *extra]
+    if command == "batch":
+        args = [command, str(SAMPLES), "-o", str(tmp_path / "out.jsonl"), "--assistant", "auto", *extra]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code != 0 and f"batched={batched}" in result.output, result.output

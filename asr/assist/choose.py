@@ -132,11 +132,11 @@ def shipped_draft_for(model: torch.nn.Module) -> str | None:
     faster than plain greedy with the same words on every set measured (docs/drafts.md: 1.07x-1.25x on the
     sonnets and VoxPopuli, 1.15x on the 65 English WER recordings), and on short clips faster than `self:int8`.
     """
-    from asr.assist.draft import load_draft
+    from asr.assist.draft import check_draft
 
     for name, folder in shipped_drafts().items():
         try:
-            load_draft(folder, model)  # refuses a draft trained for another model
+            check_draft(folder, model)  # refuses a draft trained for another model
         except ValueError:
             continue
         return f"{name}:int8"

@@ -188,12 +188,15 @@ def read_description(folder: str | Path) -> dict[str, Any]:
     return description
 
 
-def load_draft(folder: str | Path, model: torch.nn.Module) -> DraftDecoder:
-    """Builds the draft in `folder` on top of `model` (shared embeddings and head, in the model's dtype).
+def check_draft(folder: str | Path, model: torch.nn.Module) -> dict[str, Any]:
+    """Checks that the draft in `folder` was trained for `model` (its shapes in `draft.json`, and the probe of
+    the model's weights it keeps) without building it; returns its description.
 
     Raises:
-        ValueError: not a draft folder, damaged weights, or a draft trained for another model.
+        ValueError: not a draft folder, unreadable weights, or a draft trained for another model.
     """
+    from safetensors import safe_open
+
     folder = Path(folder).expanduser()
     description = read_description(folder)
     config = model.config
@@ -201,16 +204,37 @@ def load_draft(folder: str | Path, model: torch.nn.Module) -> DraftDecoder:
         if description.get(key) != getattr(config, key):
             raise ValueError(f"draft {folder} was trained for model {description.get('model')!r} ({key} "
                              f"{description.get(key)}), this model has {key} {getattr(config, key)}")
+    probe = model_probe(model)
     try:
-        tensors = load_file(str(folder / WEIGHTS_FILE))
+        with safe_open(str(folder / WEIGHTS_FILE), "pt") as handle:  # the probe alone, not the layers
+            names = set(handle.keys())
+            stored = {name: handle.get_tensor(name) for name in probe if name in names}
     except Exception as error:  # safetensors raises its own error types for damaged files
         raise ValueError(f"{folder / WEIGHTS_FILE}: cannot read draft weights ({first_line(error)})") from None
-    for name, expected in model_probe(model).items():
-        found = tensors.pop(name, None)
+    for name, expected in probe.items():
+        found = stored.get(name)
         # Loose enough for a model loaded in half precision, far too tight for another model's weights.
         if found is None or found.shape != expected.shape or not torch.allclose(found, expected, rtol=2e-2, atol=2e-3):
             raise ValueError(f"draft {folder} was trained for model {description.get('model')!r}: its encoder and "
                              "embeddings are not this model's; train one with `asr distill`")
+    return description
+
+
+def load_draft(folder: str | Path, model: torch.nn.Module) -> DraftDecoder:
+    """Builds the draft in `folder` on top of `model` (shared embeddings and head, in the model's dtype).
+
+    Raises:
+        ValueError: not a draft folder, damaged weights, or a draft trained for another model.
+    """
+    folder = Path(folder).expanduser()
+    description = check_draft(folder, model)
+    config = model.config
+    try:
+        tensors = load_file(str(folder / WEIGHTS_FILE))
+    except Exception as error:  # safetensors raises its own error types for damaged files
+        raise ValueError(f"{folder / WEIGHTS_FILE}: cannot read draft weights ({first_line(error)})") from None
+    for name in model_probe(model):  # checked by check_draft
+        tensors.pop(name)
     draft = DraftDecoder(model, description["teacher_layers"])
     vocabulary = tensors.pop("vocabulary", None)
     own = draft.trainable()

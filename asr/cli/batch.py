@@ -83,7 +83,7 @@ def batch_command(source, output, model, assistant, language, task, timestamps, 
         start_together(processes, cpu=device == "cpu")
         try:
             bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading,
-                                       batched=batch_size > 1)
+                                       batched=chunked or batch_size > 1)
             summary = run_batch(source, output_path, bundle, helper, options, batch, processes)
         except ValueError as error:
             raise click.ClickException(str(error)) from None

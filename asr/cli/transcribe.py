@@ -110,7 +110,7 @@ def transcribe(files, model, assistant, language, task, output_format, output_di
         if more["detect_language"]:
             assistant = "none"
         bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading,
-                                   batched=batch_size is not None and batch_size > 1)
+                                   batched=batch_size is not None)
         check_for_model_cli(options, bundle, more["detect_language"])
     except ValueError as error:
         raise click.ClickException(str(error)) from None
