@@ -26,6 +26,11 @@ Fn = Callable[[torch.Tensor], torch.Tensor]
 _REFERENCE = contextvars.ContextVar("reference_kernels", default=os.environ.get("ASSISTED_WHISPER_KERNELS") == "aten")
 
 
+# Whether greedy decoding over a float32 head may screen it (`decoding.screened_head`); off with `full_head()` or
+# ASSISTED_WHISPER_KERNELS=full-head.
+_FULL_HEAD = contextvars.ContextVar("full_head", default=os.environ.get("ASSISTED_WHISPER_KERNELS") == "full-head")
+
+
 @contextlib.contextmanager
 def reference_kernels(on: bool = True) -> Iterator[None]:
     """Within the block, functions built here use PyTorch's default kernels (`F.linear`, SDPA) when `on`."""
@@ -34,6 +39,29 @@ def reference_kernels(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _REFERENCE.reset(token)
+
+
+@contextlib.contextmanager
+def full_head(on: bool = True) -> Iterator[None]:
+    """Within the block, greedy decoding computes every logit of a float32 head in float32 when `on` (this
+    library's other kernels stay), for comparisons with the screened head."""
+    token = _FULL_HEAD.set(on)
+    try:
+        yield
+    finally:
+        _FULL_HEAD.reset(token)
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 products natively (AVX512-BF16 or AMX tiles)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def screening_allowed() -> bool:
+    """Whether a float32 head may be screened through bfloat16 here: oneDNN kernels on a CPU with native
+    bfloat16, not `reference_kernels()` or `full_head()`."""
+    return (not _REFERENCE.get() and not _FULL_HEAD.get() and torch.backends.mkldnn.is_available()
+            and native_bfloat16())
 
 
 def _onednn(weight: torch.Tensor) -> bool:

@@ -2,8 +2,10 @@
 
     python scripts/bench_precision.py [--threads 2] [--out docs/figures/precision-steps]
 
-For PyTorch's default kernels in float32 (the kernels before oneDNN: `ASSISTED_WHISPER_KERNELS=aten`), and
-this library's kernels in float32, bfloat16 (where the CPU has it) and int8: the encoder per 30 s window, a
+For PyTorch's default kernels in float32 (the kernels before oneDNN: `ASSISTED_WHISPER_KERNELS=aten`), this
+library's kernels in float32 with every logit of the head in float32 (before the bfloat16 screen:
+`ASSISTED_WHISPER_KERNELS=full-head`), and this library's kernels in float32 (the head screened as greedy decoding
+screens it), bfloat16 (where the CPU has it) and int8: the encoder per 30 s window, a
 model decoder pass over 1, 6 and 11 tokens (one step, and the check of 5 and 10 drafts), and one draft step of
 the `base-draft` and `self:int8` assistants. Configurations are measured in turn, round after round, and each
 figure is the median over rounds, so a machine that slows down mid-run slows all of them alike. The encoder
@@ -25,6 +27,7 @@ from asr.assist.choose import make_assistant
 from asr.models.precision import INT8, native_bfloat16
 from asr.models.registry import load_model
 from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.logit_rules import screen_exact_ids, whisper_filters
 from asr.whisper.window import encode
 from decoding.kernels import reference_kernels
 
@@ -40,13 +43,17 @@ def timed_ms(fn, repeats: int) -> float:
 class Setup:
     """One configuration: a loaded model (and its drafts) with a decoder over one window of noise."""
 
-    def __init__(self, name: str, precision, reference: bool) -> None:
+    def __init__(self, name: str, precision, reference: bool, screen: bool = False) -> None:
         self.name, self.reference = name, reference
         self.bundle = load_model("base", dtype=precision)
         self.features = torch.randn(1, self.bundle.n_mels, 3000, generator=torch.Generator().manual_seed(0))
         with reference_kernels(reference):
             encoder_output = encode(self.bundle.model, self.features)
             self.decoder = WhisperDecoderAdapter(self.bundle.model, encoder_output)
+            if screen:
+                special = self.bundle.special
+                filters = whisper_filters(special, len(PROMPT), timestamps=True)
+                self.decoder = self.decoder.screened(screen_exact_ids(filters, special, self.decoder.vocab_size))
             self.drafts = {}
             for spec in ("base-draft", "self:int8"):
                 assistant = make_assistant(spec, self.bundle)
@@ -84,7 +91,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(figure_path("precision-steps")), help="writes OUT.json and OUT.md")
     args = parser.parse_args()
     use_threads(args.threads)
-    configs = [("float32, PyTorch kernels", torch.float32, True), ("float32", torch.float32, False)]
+    configs = [("float32, PyTorch kernels", torch.float32, True), ("float32, full head", torch.float32, False),
+               ("float32", torch.float32, False, True)]
     if native_bfloat16():
         configs.append(("bfloat16", torch.bfloat16, False))
     configs.append(("int8", INT8, False))

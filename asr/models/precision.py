@@ -13,17 +13,14 @@ import logging
 
 import torch
 
+from decoding.kernels import native_bfloat16
+
 logger = logging.getLogger(__name__)
 
 INT8 = "int8"
 # What `load_model` takes: a torch dtype, or INT8.
 Precision = torch.dtype | str
 NAMES = ("auto", "float32", "float16", "bfloat16", INT8)
-
-
-def native_bfloat16() -> bool:
-    """Whether this CPU computes bfloat16 products natively (AVX512-BF16 or AMX tiles)."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def cpu_precisions() -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from asr.models.offload import offload_store
 from decoding.causal_lm import layer_norm_fn, linear_fn
 from decoding.kernels import Attention, linear
+from decoding.screened_head import screened_head
 from decoding.kv_cache import StaticKVCache, causal_mask
 
 
@@ -43,7 +44,8 @@ class WhisperDecoderAdapter:
         self.embed_tokens = shared if shared is not None else decoder.embed_tokens.weight
         self.embed_positions = decoder.embed_positions.weight
         self.layer_norm = layer_norm_fn(decoder.layer_norm)
-        self.proj_out = linear_fn(model.get_output_embeddings())
+        self.head = model.get_output_embeddings()
+        self.proj_out = linear_fn(self.head)
         config = model.config
         self.heads = config.decoder_attention_heads
         self.head_dim = config.d_model // self.heads
@@ -123,6 +125,17 @@ class WhisperDecoderAdapter:
             index = torch.tensor(indices, device=self.device)
             subset.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
         return subset
+
+    def screened(self, exact_ids: Sequence[int]) -> "WhisperDecoderAdapter":
+        """The same decoder with its float32 head screened through bfloat16 for greedy decoding
+        (`decoding.screened_head`): the same argmax, the logits of `exact_ids` in float32; itself where the
+        screen does not apply, or for an offloaded model (whose memory the screen's bfloat16 copy would take)."""
+        head = screened_head(self.head, exact_ids) if self.store is None else None
+        if head is None:
+            return self
+        screened = copy.copy(self)
+        screened.proj_out = head
+        return screened
 
     def crop(self, cache: StaticKVCache, length: int) -> None:
         cache.crop(length)

@@ -82,6 +82,25 @@ class TimestampRules:
         return logits
 
 
+def screen_exact_ids(filters: Sequence[LogitsFilter], special: SpecialTokens, vocab_size: int) -> list[int] | None:
+    """The ids a screened head (`decoding.screened_head`) must give in float32 for greedy decoding under these
+    filters to take float32's argmax, or None when a filter is not one of Whisper's rules.
+
+    The rules mask single ids (suppressed, blank at begin), whole ranges that start at end-of-text or at the
+    timestamps, or every id below them at once (`TimestampRules`), and compare the timestamps' total with the
+    best text logit: so the ids they name one by one and every id from end-of-text up are computed in float32,
+    and the text ids between may be screened."""
+    exact = set(range(special.eot, vocab_size))
+    for f in filters:
+        if isinstance(f, SuppressAtBegin):
+            exact.update(f.token_ids)
+        elif isinstance(f, SuppressTokens):
+            exact.update(f.token_ids.tolist())
+        elif not isinstance(f, TimestampRules) or f.eot != special.eot or f.timestamp_begin < special.eot:
+            return None
+    return sorted(i for i in exact if 0 <= i < vocab_size)
+
+
 def whisper_filters(special: SpecialTokens, sample_begin: int, timestamps: bool,
                     max_initial_timestamp_index: int | None = 50,
                     suppress_tokens: Sequence[int] | None = None) -> list[LogitsFilter]:

@@ -11,6 +11,7 @@ import torch
 
 from asr.results import Segment
 from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.logit_rules import screen_exact_ids
 from audio.constants import HOP_LENGTH, SAMPLE_RATE
 from decoding import (
     DraftSource,
@@ -165,8 +166,9 @@ def decode_windows(
             copies = settings.best_of if temperature > 0 else 1
             rows = [i for i in pending for _ in range(copies)]
             draft = make_draft(rows) if make_draft is not None else None
-            generated = generate_batch(decoder.rows(rows), [prompts[i] for i in rows], options, draft,
-                                       [filters[i] for i in rows])
+            generated = generate_batch(_greedy_head(decoder.rows(rows), [filters[i] for i in rows], temperature,
+                                                    settings.special),
+                                       [prompts[i] for i in rows], options, draft, [filters[i] for i in rows])
             for n, i in enumerate(pending):
                 samples = generated[n * copies:(n + 1) * copies]
                 chosen = _best_sample(samples, settings.length_penalty)
@@ -180,6 +182,21 @@ def decode_windows(
         if not pending:
             break
     return [(r, s) for r, s in zip(results, stats)]
+
+
+def _greedy_head(decoder: WhisperDecoderAdapter, filters: list[list[LogitsFilter]], temperature: float,
+                 special: SpecialTokens) -> WhisperDecoderAdapter:
+    """At temperature 0, the decoder with its float32 head screened (`decoding.screened_head`: float32's argmax
+    for less of the head's memory traffic); sampling reads every probability, so it keeps the full head."""
+    if temperature > 0:
+        return decoder
+    exact: set[int] = set()
+    for row in filters:
+        ids = screen_exact_ids(row, special, decoder.vocab_size)
+        if ids is None:
+            return decoder
+        exact.update(ids)
+    return decoder.screened(sorted(exact))
 
 
 def _text_tokens(generated: GenerationResult) -> list[int]:

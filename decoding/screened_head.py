@@ -1,0 +1,120 @@
+"""Greedy decoding's logits through a bfloat16 copy of a float32 output head, exact wherever the argmax can be.
+
+A decoder step of Whisper `base` reads its 51,865 x 512 output head (106 MB in float32) for a handful of rows:
+on a CPU, where a step is memory traffic, that is about 40 % of it. Greedy decoding needs one thing exactly, the
+largest logit. So every logit is computed through a bfloat16 copy of the head (half the bytes, native bfloat16
+products), each with a proven bound on its error, and every logit that could still be the largest is computed
+again in float32 from the float32 rows: the argmax is float32's. Logits of the ids a caller names (`exact_ids`)
+are float32 too, whatever their values.
+
+The bound, for a row h and a head row w (hb, wb their bfloat16 roundings, `a` the bfloat16 product as computed):
+
+    |h.w - a| <= |h - hb| |w| + |hb| |w - wb| + gamma_d |hb| |wb| + 2^-8 (1 + 2^-7) |a|
+
+(Cauchy-Schwarz over the two roundings, float32 accumulation over d terms, and the product's rounding to
+bfloat16), with |w|, |w - wb|, |wb| the largest over the head's rows.
+
+What the result promises, and what decoding's filters may therefore do with it: after masking any of `exact_ids`
+and either all or none of the other ids, and comparing values against the largest of the others (Whisper's
+timestamp rule), the argmax is the float32 head's argmax. The logits of the other ids are within their bound of
+float32's, so probabilities (a window's average log-probability) are close to float32's, not equal. Sampling and
+beam search, which read the whole distribution, use the float32 head.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+
+import torch
+
+# bfloat16 keeps 8 significant bits: rounding a value moves it by at most 2^-8 of its size (the extra 2^-7 of that
+# bounds it by the rounded value's size instead of the exact one's).
+_ROUNDING = 2.0 ** -8 * (1 + 2.0 ** -7)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+
+
+class HeadScreen:
+    """The bfloat16 copy of one float32 head and the norms its error bound needs; made once per model
+    (`for_head`), read by `ScreenedHead`s of any `exact_ids`."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        weight = weight.detach()
+        low = weight.to(torch.bfloat16)
+        self.weight = weight
+        # oneDNN's packed layout: a one-row product over it streams the weights fastest (docs/precision.md).
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(low)
+        width = weight.shape[1]
+        self.weight_norm = float(weight.norm(dim=1).max())
+        self.low_norm = float(low.float().norm(dim=1).max())
+        self.rounding_norm = float((weight - low.float()).norm(dim=1).max())
+        # Accumulating `width` products in float32 (each exact: two 8-bit significands fit in 24), twice over for
+        # kernels that sum partial sums in a different order.
+        u = 2.0 ** -24
+        self.gamma = 2 * width * u / (1 - width * u)
+        self._heads: dict[tuple[int, ...], ScreenedHead] = {}
+
+
+    def head(self, exact_ids: Sequence[int]) -> "ScreenedHead":
+        key = tuple(sorted(set(int(i) for i in exact_ids)))
+        if key not in self._heads:
+            self._heads[key] = ScreenedHead(self, key)
+        return self._heads[key]
+
+
+class ScreenedHead:
+    """`h -> logits` (`[..., d]` float32 -> `[..., V]` float32) as described in the module's docstring."""
+
+    def __init__(self, screen: HeadScreen, exact_ids: Sequence[int]) -> None:
+        self.screen = screen
+        self.exact_ids = torch.tensor(list(exact_ids), dtype=torch.long)
+        self.exact_rows = (torch.ops.mkldnn._reorder_linear_weight(screen.weight[self.exact_ids].contiguous())
+                           if self.exact_ids.numel() else None)
+        # How many logits the last calls computed again in float32 (not counting exact_ids), for measurements.
+        self.refined = 0
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        screen = self.screen
+        flat = h.reshape(-1, h.shape[-1]).float()
+        low = flat.to(torch.bfloat16)
+        logits = _linear(low, screen.packed).float()
+        low32 = low.float()
+        # The bound's part shared by a row's logits; the rest is _ROUNDING of each logit's own size.
+        shared = ((flat - low32).norm(dim=-1, keepdim=True) * screen.weight_norm
+                  + low32.norm(dim=-1, keepdim=True) * (screen.rounding_norm + screen.gamma * screen.low_norm))
+        if self.exact_ids.numel():
+            logits[:, self.exact_ids] = -torch.inf  # out of the search below; computed in float32 after it
+        # x - _ROUNDING |x| and x + _ROUNDING |x| both grow with x: the best lower bound is the largest logit's,
+        # and a logit's upper bound reaches it exactly when the logit reaches one threshold.
+        top = logits.max(-1, keepdim=True).values
+        reach = top - _ROUNDING * top.abs() - 2 * shared
+        threshold = torch.where(reach >= 0, reach / (1 + _ROUNDING), reach / (1 - _ROUNDING))
+        rows, ids = (logits >= threshold).nonzero(as_tuple=True)
+        self.refined += int(rows.numel())
+        logits[rows, ids] = (flat[rows] * screen.weight[ids]).sum(-1)
+        if self.exact_ids.numel():
+            logits[:, self.exact_ids] = _linear(flat, self.exact_rows)
+        return logits.view(*h.shape[:-1], -1)
+
+
+# Per loaded head module, its screen (kept off the module, whose copies and pickles cannot hold oneDNN's layout).
+_SCREENS: weakref.WeakKeyDictionary[torch.nn.Module, HeadScreen] = weakref.WeakKeyDictionary()
+
+
+def screened_head(head: torch.nn.Module, exact_ids: Sequence[int]) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The screened form of a loaded model's float32 output head (`head`, its `nn.Linear`), or None where it does
+    not apply: another precision, a bias, a device other than the CPU, a CPU without native bfloat16, PyTorch's
+    reference kernels or `full_head()` (`decoding.kernels`). The screen is made on first use and kept for `head`."""
+    from decoding.kernels import screening_allowed
+
+    weight = getattr(head, "weight", None)
+    if (weight is None or getattr(head, "bias", None) is not None or weight.dtype != torch.float32
+            or weight.device.type != "cpu" or not screening_allowed()):
+        return None
+    screen = _SCREENS.get(head)
+    if screen is None or screen.weight.data_ptr() != weight.data_ptr():
+        screen = _SCREENS[head] = HeadScreen(weight)
+    return screen.head(exact_ids)
