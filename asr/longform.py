@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from asr.items import _Item, sequential_item
+from asr.models.precision import pack_for_rows
 from asr.options import TranscribeOptions, check_for_model, prompt_texts
 from asr.results import Transcript
 from asr.whisper.alignment import add_word_timestamps
@@ -219,6 +220,8 @@ class _WindowDecoder:
         t = time.perf_counter()
         features = log_mel([item.window for item in items], bundle.n_mels)
         encoder_output = encode(bundle.model, features)
+        if len(items) > 1 or self.assistant is not None or self.settings.beam_size > 1:
+            pack_for_rows(bundle.model)  # passes of several rows from here on
         model_decoder = WhisperDecoderAdapter(bundle.model, encoder_output)
         from asr.whisper.language import detect_items
 

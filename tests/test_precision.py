@@ -162,3 +162,34 @@ def test_the_command_line_bounds_the_kernel_caches(monkeypatch) -> None:
         monkeypatch.delenv(name, raising=False)
     setup_runtime("cpu", "float32", None)
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == os.environ["LRU_CACHE_CAPACITY"] == str(KERNEL_CACHE_CAPACITY)
+
+
+def test_a_float32_decoder_is_packed_for_passes_of_several_rows_with_the_same_words(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """Assisted (or batched) decoding packs a small float32 decoder's layers (`pack_for_rows`); the words stay
+    the dense decoder's, and a decoder over the size limit is left dense."""
+    from asr.assist.choose import make_assistant
+    from asr.longform import transcribe
+    from asr.models.precision import pack_for_rows
+    from asr.models.registry import load_model
+    from asr.options import TranscribeOptions
+    from audio.load import load_audio
+    from decoding.kernels import OneDnnLinear
+    from tests.conftest import tiny_whisper_in
+
+    folder = tiny_whisper_in(tmp_path / "model", seed=5)
+    audio = load_audio(str(sorted(SAMPLES.glob("*.flac"))[0]))
+    options = TranscribeOptions(temperatures=(0.0,))
+    dense = load_model(str(folder))
+    expected = transcribe(dense, audio, options)
+    linears = [m for m in dense.model.get_decoder().layers.modules() if isinstance(m, OneDnnLinear)]
+    assert linears and all(m.packed is None for m in linears)  # plain greedy: one row a pass, left dense
+    monkeypatch.setattr("asr.models.precision.PACK_FOR_ROWS_LIMIT", 0)
+    assert not pack_for_rows(dense.model)
+    monkeypatch.undo()
+    packed = load_model(str(folder))
+    assisted = transcribe(packed, audio, options, make_assistant("self:int8", packed))
+    assert all(m.packed is not None for m in packed.model.get_decoder().layers.modules()
+               if isinstance(m, OneDnnLinear))
+    assert assisted.text == expected.text
+    assert transcribe(packed, audio, options).text == expected.text

@@ -65,7 +65,7 @@ def compute_dtype(precision: Precision) -> torch.dtype:
 def pack_decoder(model: torch.nn.Module) -> torch.nn.Module:
     """Keeps the decoder's weights in oneDNN's packed layout as well (in place; returns it): for a bfloat16 model on
     a CPU a pass then costs less (docs/precision.md), for a second copy of the decoder's weights. In float32 it
-    gained nothing for one token, so it is not used there.
+    gains nothing for one token: there `pack_for_rows` packs only where passes carry several rows.
 
     Packed bfloat16 products are still not row-independent for every row count (fc2's, over 2,048 inputs, differ
     between 1 and 5 rows), so assisted decoding over a bfloat16 model is exact only up to such rounding."""
@@ -75,6 +75,30 @@ def pack_decoder(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module, OneDnnLinear):
             module.pack()
     return model
+
+
+# The largest float32 decoder (its layers' weights) that `pack_for_rows` gives a packed copy: tiny to small.
+PACK_FOR_ROWS_LIMIT = 512 * 2**20
+
+
+def pack_for_rows(model: torch.nn.Module) -> bool:
+    """Packs a float32 decoder's layers in oneDNN's layout too (in place; returns whether they are packed), for
+    passes of several rows: a check of drafts, batched windows, beams. Over dense float32 weights oneDNN's
+    products of a few rows cost much more than of one (base, a check of 3 drafts: ~25 against ~19 ms a pass);
+    packed, about the same as one, while one-row steps are unchanged (docs/precision.md). Not for decoders over
+    `PACK_FOR_ROWS_LIMIT` (the copy is as large as the layers: 84 MB for base, 2.9 GB for large-v3), offloaded
+    ones (their layers are fetched per pass), or other precisions (bfloat16 ones are packed at loading)."""
+    from asr.models.offload import offload_store
+    from decoding.kernels import OneDnnLinear
+
+    decoder = model.get_decoder()
+    linears = [m for m in decoder.layers.modules() if isinstance(m, OneDnnLinear) and m.weight.dtype == torch.float32]
+    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    if not linears or size > PACK_FOR_ROWS_LIMIT or offload_store(model) is not None:
+        return False
+    for module in linears:
+        module.pack()
+    return all(module.packed is not None for module in linears)
 
 
 @torch.no_grad()
