@@ -28,25 +28,23 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from decoding.kernels import linear, screening_allowed
+
 # bfloat16 keeps 8 significant bits: rounding a value moves it by at most 2^-8 of its size (the extra 2^-7 of that
 # bounds it by the rounded value's size instead of the exact one's).
 _ROUNDING = 2.0 ** -8 * (1 + 2.0 ** -7)
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-
-
 class HeadScreen:
-    """The bfloat16 copy of one float32 head and the norms its error bound needs; made once per model
-    (`for_head`), read by `ScreenedHead`s of any `exact_ids`."""
+    """The bfloat16 copy of one float32 head and the norms its error bound needs; made once per head
+    (`screened_head`), read by `ScreenedHead`s of any `exact_ids`."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         weight = weight.detach()
         low = weight.to(torch.bfloat16)
         self.weight = weight
-        # oneDNN's packed layout: a one-row product over it streams the weights fastest (docs/precision.md).
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(low)
+        # Over oneDNN's packed layout: a one-row product streams the weights fastest (docs/precision.md).
+        self.product = linear(low, None, torch.ops.mkldnn._reorder_linear_weight(low))
         width = weight.shape[1]
         self.weight_norm = float(weight.norm(dim=1).max())
         self.low_norm = float(low.float().norm(dim=1).max())
@@ -56,7 +54,6 @@ class HeadScreen:
         u = 2.0 ** -24
         self.gamma = 2 * width * u / (1 - width * u)
         self._heads: dict[tuple[int, ...], ScreenedHead] = {}
-
 
     def head(self, exact_ids: Sequence[int]) -> "ScreenedHead":
         key = tuple(sorted(set(int(i) for i in exact_ids)))
@@ -71,8 +68,9 @@ class ScreenedHead:
     def __init__(self, screen: HeadScreen, exact_ids: Sequence[int]) -> None:
         self.screen = screen
         self.exact_ids = torch.tensor(list(exact_ids), dtype=torch.long)
-        self.exact_rows = (torch.ops.mkldnn._reorder_linear_weight(screen.weight[self.exact_ids].contiguous())
-                           if self.exact_ids.numel() else None)
+        rows = screen.weight[self.exact_ids].contiguous()
+        self.exact_product = (linear(rows, None, torch.ops.mkldnn._reorder_linear_weight(rows))
+                              if self.exact_ids.numel() else None)
         # How many logits the last calls computed again in float32 (not counting exact_ids), for measurements.
         self.refined = 0
 
@@ -80,12 +78,12 @@ class ScreenedHead:
         screen = self.screen
         flat = h.reshape(-1, h.shape[-1]).float()
         low = flat.to(torch.bfloat16)
-        logits = _linear(low, screen.packed).float()
+        logits = screen.product(low).float()
         low32 = low.float()
         # The bound's part shared by a row's logits; the rest is _ROUNDING of each logit's own size.
         shared = ((flat - low32).norm(dim=-1, keepdim=True) * screen.weight_norm
                   + low32.norm(dim=-1, keepdim=True) * (screen.rounding_norm + screen.gamma * screen.low_norm))
-        if self.exact_ids.numel():
+        if self.exact_product is not None:
             logits[:, self.exact_ids] = -torch.inf  # out of the search below; computed in float32 after it
         # x - _ROUNDING |x| and x + _ROUNDING |x| both grow with x: the best lower bound is the largest logit's,
         # and a logit's upper bound reaches it exactly when the logit reaches one threshold.
@@ -95,8 +93,8 @@ class ScreenedHead:
         rows, ids = (logits >= threshold).nonzero(as_tuple=True)
         self.refined += int(rows.numel())
         logits[rows, ids] = (flat[rows] * screen.weight[ids]).sum(-1)
-        if self.exact_ids.numel():
-            logits[:, self.exact_ids] = _linear(flat, self.exact_rows)
+        if self.exact_product is not None:
+            logits[:, self.exact_ids] = self.exact_product(flat)
         return logits.view(*h.shape[:-1], -1)
 
 
@@ -108,8 +106,6 @@ def screened_head(head: torch.nn.Module, exact_ids: Sequence[int]) -> Callable[[
     """The screened form of a loaded model's float32 output head (`head`, its `nn.Linear`), or None where it does
     not apply: another precision, a bias, a device other than the CPU, a CPU without native bfloat16, PyTorch's
     reference kernels or `full_head()` (`decoding.kernels`). The screen is made on first use and kept for `head`."""
-    from decoding.kernels import screening_allowed
-
     weight = getattr(head, "weight", None)
     if (weight is None or getattr(head, "bias", None) is not None or weight.dtype != torch.float32
             or weight.device.type != "cpu" or not screening_allowed()):

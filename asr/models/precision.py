@@ -96,8 +96,7 @@ def pack_for_rows(model: torch.nn.Module) -> bool:
     size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
     if not linears or size > PACK_FOR_ROWS_LIMIT or offload_store(model) is not None:
         return False
-    for module in linears:
-        module.pack()
+    pack_decoder(model)
     return all(module.packed is not None for module in linears)
 
 

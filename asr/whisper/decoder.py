@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from asr.models.offload import offload_store
 from decoding.causal_lm import layer_norm_fn, linear_fn
 from decoding.kernels import Attention, linear
-from decoding.screened_head import screened_head
 from decoding.kv_cache import StaticKVCache, causal_mask
+from decoding.screened_head import screened_head
 
 
 class WhisperDecoderAdapter:
