@@ -7,8 +7,12 @@ reordering), and takes much longer for six rows than for one, where oneDNN check
 of one (docs/precision.md has the figures). (The encoder's 1,500-row products
 run at the CPU's peak either way.)
 
-`reference_kernels()` (or `ASSISTED_WHISPER_KERNELS=aten` in the environment) selects PyTorch's defaults
-instead, for comparisons and for bit-for-bit checks against transformers.
+Products of a float32 weight with at most `decoding.native.MAX_ROWS` rows (every decoder step, checks of a few
+drafts) go through `decoding.native` instead where it could be built: one pass over the weight at nearly the
+speed of memory, each row's sums in one fixed order. `onednn_only()` (or `ASSISTED_WHISPER_KERNELS=onednn`)
+keeps oneDNN for them, for comparisons. `reference_kernels()` (or `ASSISTED_WHISPER_KERNELS=aten` in the
+environment) selects PyTorch's defaults instead of both, for comparisons and for bit-for-bit checks against
+transformers.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from decoding import native
+
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
 _REFERENCE = contextvars.ContextVar("reference_kernels", default=os.environ.get("ASSISTED_WHISPER_KERNELS") == "aten")
@@ -29,6 +35,12 @@ _REFERENCE = contextvars.ContextVar("reference_kernels", default=os.environ.get(
 # Whether greedy decoding over a float32 head may screen it (`decoding.screened_head`); off with `full_head()` or
 # ASSISTED_WHISPER_KERNELS=full-head.
 _FULL_HEAD = contextvars.ContextVar("full_head", default=os.environ.get("ASSISTED_WHISPER_KERNELS") == "full-head")
+
+
+# Whether few-row float32 products keep oneDNN instead of `decoding.native`; on with `onednn_only()` or
+# ASSISTED_WHISPER_KERNELS=onednn.
+_ONEDNN_ONLY = contextvars.ContextVar("onednn_only",
+                                      default=os.environ.get("ASSISTED_WHISPER_KERNELS") == "onednn")
 
 
 @contextlib.contextmanager
@@ -50,6 +62,27 @@ def full_head(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _FULL_HEAD.reset(token)
+
+
+@contextlib.contextmanager
+def onednn_only(on: bool = True) -> Iterator[None]:
+    """Within the block, functions built here multiply few rows through oneDNN, not `decoding.native`, when `on`."""
+    token = _ONEDNN_ONLY.set(on)
+    try:
+        yield
+    finally:
+        _ONEDNN_ONLY.reset(token)
+
+
+def native_rows_allowed(weight: torch.Tensor | None = None) -> bool:
+    """Whether few-row products (over `weight`, when given: dense float32 on a CPU) may use `decoding.native`
+    here: not under `reference_kernels()` or `onednn_only()`, and the library built."""
+    if _REFERENCE.get() or _ONEDNN_ONLY.get():
+        return False
+    if weight is not None and not (weight.device.type == "cpu" and weight.dtype == torch.float32
+                                   and weight.layout == torch.strided and weight.is_contiguous()):
+        return False
+    return native.library() is not None
 
 
 def native_bfloat16() -> bool:
@@ -74,11 +107,18 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def _few_rows(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and x.numel() <= native.MAX_ROWS * x.shape[-1]
+
+
 def linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None) -> Fn:
     """`x -> x @ weight.T + bias` through oneDNN on a CPU (float32, bfloat16; over `packed`, the weight in
-    oneDNN's layout, when given), `F.linear` elsewhere."""
+    oneDNN's layout, when given), few float32 rows through `decoding.native` where allowed, `F.linear`
+    elsewhere."""
     if _onednn(weight):
         operand = weight if packed is None else packed
+        if native_rows_allowed(weight):
+            return lambda x: native.rowdot(x, weight, bias) if _few_rows(x) else _onednn_linear(x, operand, bias)
         return lambda x: _onednn_linear(x, operand, bias)
     return lambda x: F.linear(x, weight, bias)
 
@@ -93,6 +133,8 @@ class OneDnnLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad) or not _onednn(self.weight):
             return F.linear(x, self.weight, self.bias)
+        if _few_rows(x) and native_rows_allowed(self.weight):
+            return native.rowdot(x, self.weight, self.bias)
         return _onednn_linear(x, self.weight if self.packed is None else self.packed, self.bias)
 
     def __getstate__(self) -> dict:

@@ -12,7 +12,11 @@ The bound, for a row h and a head row w (hb, wb their bfloat16 roundings, `a` th
     |h.w - a| <= |h - hb| |w| + |hb| |w - wb| + gamma_d |hb| |wb| + 2^-8 (1 + 2^-7) |a|
 
 (Cauchy-Schwarz over the two roundings, float32 accumulation over d terms, and the product's rounding to
-bfloat16), with |w|, |w - wb|, |wb| the largest over the head's rows.
+bfloat16), with |w|, |w - wb|, |wb| the largest over the head's rows. A single row (a greedy step) goes through
+`decoding.native` where it is built: float32 h times the bfloat16 rows widened exactly, summed in float32, so
+only the weight's rounding and the accumulation remain:
+
+    |h.w - a| <= |h| |w - wb| + gamma_d |h| |wb|
 
 What the result promises, and what decoding's filters may therefore do with it: after masking any of `exact_ids`
 and either all or none of the other ids, and comparing values against the largest of the others (Whisper's
@@ -28,7 +32,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from decoding.kernels import linear, screening_allowed
+from decoding import native
+from decoding.kernels import linear, native_rows_allowed, screening_allowed
 
 # bfloat16 keeps 8 significant bits: rounding a value moves it by at most 2^-8 of its size (the extra 2^-7 of that
 # bounds it by the rounded value's size instead of the exact one's).
@@ -43,6 +48,7 @@ class HeadScreen:
         weight = weight.detach()
         low = weight.to(torch.bfloat16)
         self.weight = weight
+        self.low = low
         # Over oneDNN's packed layout: a one-row product streams the weights fastest (docs/precision.md).
         self.product = linear(low, None, torch.ops.mkldnn._reorder_linear_weight(low))
         width = weight.shape[1]
@@ -77,19 +83,26 @@ class ScreenedHead:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         screen = self.screen
         flat = h.reshape(-1, h.shape[-1]).float()
-        low = flat.to(torch.bfloat16)
-        logits = screen.product(low).float()
-        low32 = low.float()
-        # The bound's part shared by a row's logits; the rest is _ROUNDING of each logit's own size.
-        shared = ((flat - low32).norm(dim=-1, keepdim=True) * screen.weight_norm
-                  + low32.norm(dim=-1, keepdim=True) * (screen.rounding_norm + screen.gamma * screen.low_norm))
+        if len(flat) == 1 and native_rows_allowed():
+            # float32 rows times the widened bfloat16 weight, summed in float32: no rounding of h or of the sums.
+            logits = native.rowdot(flat, screen.low)
+            shared = flat.norm(dim=-1, keepdim=True) * (screen.rounding_norm + screen.gamma * screen.low_norm)
+            rounding = 0.0
+        else:
+            low = flat.to(torch.bfloat16)
+            logits = screen.product(low).float()
+            low32 = low.float()
+            # The bound's part shared by a row's logits; the rest is _ROUNDING of each logit's own size.
+            shared = ((flat - low32).norm(dim=-1, keepdim=True) * screen.weight_norm
+                      + low32.norm(dim=-1, keepdim=True) * (screen.rounding_norm + screen.gamma * screen.low_norm))
+            rounding = _ROUNDING
         if self.exact_product is not None:
             logits[:, self.exact_ids] = -torch.inf  # out of the search below; computed in float32 after it
         # x - _ROUNDING |x| and x + _ROUNDING |x| both grow with x: the best lower bound is the largest logit's,
         # and a logit's upper bound reaches it exactly when the logit reaches one threshold.
         top = logits.max(-1, keepdim=True).values
-        reach = top - _ROUNDING * top.abs() - 2 * shared
-        threshold = torch.where(reach >= 0, reach / (1 + _ROUNDING), reach / (1 - _ROUNDING))
+        reach = top - rounding * top.abs() - 2 * shared
+        threshold = torch.where(reach >= 0, reach / (1 + rounding), reach / (1 - rounding))
         rows, ids = (logits >= threshold).nonzero(as_tuple=True)
         self.refined += int(rows.numel())
         logits[rows, ids] = (flat[rows] * screen.weight[ids]).sum(-1)

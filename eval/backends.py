@@ -91,9 +91,10 @@ class LibraryBackend:
 
     def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
         from asr.longform import transcribe
-        from decoding.kernels import full_head, reference_kernels
+        from decoding.kernels import full_head, onednn_only, reference_kernels
 
-        with reference_kernels(self.config.kernels == "aten"), full_head(self.config.kernels == "full-head"):
+        kernels = self.config.kernels
+        with reference_kernels(kernels == "aten"), onednn_only(kernels == "onednn"), full_head(kernels == "full-head"):
             transcript = transcribe(self.bundle, samples, replace(self.options, language=language), self.assistant)
         stats, generation = transcript.stats, transcript.stats.generation
         assisted = self.assistant is not None

@@ -11,9 +11,10 @@
                                             (beam=N: its beam search with N beams; default 1, greedy)
 
 Options: `dtype=float32|bfloat16|float16|int8` (this library's kinds: the model in that precision, as
-`asr transcribe --dtype`; default: the run's `--dtype`), `kernels=aten|full-head` (this library's kinds: PyTorch's default
-kernels instead of oneDNN's, as `ASSISTED_WHISPER_KERNELS=aten`; or every greedy logit of a float32 head in float32,
-no bfloat16 screen, as `ASSISTED_WHISPER_KERNELS=full-head`), `schedule=heuristic|constant|confidence`,
+`asr transcribe --dtype`; default: the run's `--dtype`), `kernels=aten|onednn|full-head` (this library's kinds: PyTorch's
+default kernels instead of this library's, as `ASSISTED_WHISPER_KERNELS=aten`; oneDNN for every product, none of
+`decoding.native`'s, as `ASSISTED_WHISPER_KERNELS=onednn`; or every greedy logit of a float32 head in float32, no
+bfloat16 screen, as `ASSISTED_WHISPER_KERNELS=full-head`), `schedule=heuristic|constant|confidence`,
 `k=N` (drafts per round, at the start), `best_of=M` and `patience=P` (beam only), `temperature=T`
 (a single temperature, no fallback), `compute_type=default|int8|float32|...` (faster-whisper only), `vad` (Silero
 VAD: the speech only, `asr transcribe --vad`), `assistant=NAME` (batched only), `timestamps=on|off` (batched:
@@ -39,7 +40,7 @@ OPTIONS = {
     "faster-whisper": ("compute_type", "batched", "beam"),
 }
 # Values of the kernels option.
-KERNELS = ("aten", "full-head")
+KERNELS = ("aten", "onednn", "full-head")
 # Options written as a bare word (on), not OPTION=VALUE.
 FLAGS = frozenset({"vad"})
 # transformers knows only these two schedules.
@@ -70,8 +71,9 @@ class EvalConfig:
     timestamps: bool | None = None  # None: the mode's default (off when batched)
     # The model's precision for this configuration (an `asr --dtype` name; None: the run's).
     dtype: str | None = None
-    # `aten`: PyTorch's default kernels (`decoding.kernels.reference_kernels`) instead of oneDNN's; `full-head`: no
-    # bfloat16 screen of a float32 head (`decoding.kernels.full_head`); None: this library's defaults.
+    # `aten`: PyTorch's default kernels (`decoding.kernels.reference_kernels`) instead of this library's; `onednn`:
+    # oneDNN's products only, no `decoding.native` (`decoding.kernels.onednn_only`); `full-head`: no bfloat16 screen
+    # of a float32 head (`decoding.kernels.full_head`); None: this library's defaults.
     kernels: str | None = None
     # Beam search (beam kind; beam_size also faster-whisper's): beams at temperature 0, samples per fallback
     # temperature, patience.
@@ -131,8 +133,8 @@ def parse_config(text: str) -> EvalConfig:
         raise ValueError(f"configuration {name!r}: unknown dtype {options['dtype']!r}; choose one of "
                          f"{', '.join(DTYPES[1:])}")
     if options.get("kernels", "aten") not in KERNELS:
-        raise ValueError(f"configuration {name!r}: kernels takes aten (PyTorch's defaults) or full-head (no "
-                         f"bfloat16 screen of the head), got {options['kernels']!r}")
+        raise ValueError(f"configuration {name!r}: kernels takes aten (PyTorch's defaults), onednn (no native "
+                         f"kernels) or full-head (no bfloat16 screen of the head), got {options['kernels']!r}")
     for key in ("timestamps", "vad"):
         if options.get(key, "on") not in ("on", "off"):
             raise ValueError(f"configuration {name!r}: {key} must be on or off, got {options[key]!r}")

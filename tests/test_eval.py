@@ -135,6 +135,7 @@ def test_report_folder_from_a_summary(tmp_path: Path) -> None:
         "assisted:base-draft:int8,dtype=int8,kernels=aten", "assisted", "base-draft:int8", dtype="int8",
         kernels="aten")),
     ("greedy,kernels=full-head", EvalConfig("greedy,kernels=full-head", "greedy", kernels="full-head")),
+    ("greedy,kernels=onednn", EvalConfig("greedy,kernels=onednn", "greedy", kernels="onednn")),
 ])
 def test_configurations_parse(text: str, expected: EvalConfig) -> None:
     assert parse_config(text) == expected
@@ -165,7 +166,7 @@ def test_configurations_parse(text: str, expected: EvalConfig) -> None:
     ("faster-whisper,batched=0", "batched must be a whole number >= 1"),
     ("transformers,vad", "unknown option 'vad' for transformers"),
     ("greedy,dtype=int4", "unknown dtype 'int4'"),
-    ("greedy,kernels=mkl", "kernels takes aten \\(PyTorch.s defaults\\) or full-head"),
+    ("greedy,kernels=mkl", "kernels takes aten \\(PyTorch.s defaults\\), onednn"),
     ("faster-whisper,dtype=int8", "unknown option 'dtype' for faster-whisper"),
 ])
 def test_bad_configurations_say_what_is_wrong(text: str, message: str) -> None:

@@ -1,0 +1,126 @@
+"""Row-by-row products for decoder steps on a CPU, compiled on this machine at first use (`csrc/rowdot.c`).
+
+A decoder step multiplies one to a few rows by every weight matrix, so its time is reading the weights. oneDNN's
+and MKL's products for so few rows read a float32 weight at 10-15 GB/s on the 2-core machines measured, where one
+pass over memory reaches 25 (docs/precision.md); a plain loop that streams each thread's block of rows once, with
+four vector accumulators, reaches ~20-25. Its sums run in one fixed order per row, so each row's result is the
+same whatever rows are computed beside it.
+
+The C file is compiled once per machine with the system's C compiler (`cc`, or `$CC`; `-O3 -march=native
+-fopenmp`) into the cache folder (`$ASSISTED_WHISPER_CACHE`, else `$XDG_CACHE_HOME/assisted-whisper`, else
+`~/.cache/assisted-whisper`), under a name that hashes the source, the compiler and the CPU's flags. Without a
+compiler `library()` is None and the callers keep oneDNN (logged once); `decoding.kernels.onednn_only()` (or
+`ASSISTED_WHISPER_KERNELS=onednn`) keeps oneDNN without building anything.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
+VERSION = 1
+# Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.linear`);
+# beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
+MAX_ROWS = 4
+
+
+def _cache_root() -> Path:
+    explicit = os.environ.get("ASSISTED_WHISPER_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "assisted-whisper"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _build(compiler: str, target: Path) -> None:
+    """Compiles the source into `target` through a temporary file renamed into place (processes may race)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(handle)
+    try:
+        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o",
+                        temporary], check=True, capture_output=True, timeout=120)
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels (built now if needed), or None where they cannot be had or are switched off."""
+    if platform.system() != "Linux":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        logger.info("no C compiler found: decoder steps use oneDNN's products")
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, compiler.encode(), _cpu_flags().encode(),
+                                     platform.machine().encode()])).hexdigest()[:16]
+    target = _cache_root() / "native" / f"rowdot-{key}.so"
+    try:
+        if not target.exists():
+            _build(compiler, target)
+        lib = ctypes.CDLL(str(target))
+        if lib.rowdot_version() != VERSION:
+            raise OSError(f"{target} is version {lib.rowdot_version()}, expected {VERSION}")
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        logger.warning("native kernels unavailable (%s%s): decoder steps use oneDNN's products", error,
+                       f": {detail.decode(errors='replace').strip().splitlines()[-1]}" if detail.strip() else "")
+        return None
+    for name in ("rowdot_f32", "rowdot_bf16"):
+        function = getattr(lib, name)
+        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        function.restype = None
+    return lib
+
+
+def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` in float32 for a CPU float32 `x` and a dense float32 or bfloat16 `weight` (widened
+    exactly as it is read), `library()` built."""
+    lib = library()
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    weight = weight.contiguous()
+    out_features, in_features = weight.shape
+    if rows.shape[1] != in_features:
+        raise ValueError(f"input of {rows.shape[1]} features for a weight of {in_features}")
+    if bias is not None:
+        bias = bias.to(torch.float32).contiguous()
+    y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
+    kernel = lib.rowdot_f32 if weight.dtype == torch.float32 else lib.rowdot_bf16
+    kernel(rows.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
+           rows.shape[0], out_features, in_features, torch.get_num_threads())
+    return y.view(*x.shape[:-1], out_features)
+

@@ -1,0 +1,141 @@
+"""What decoding.native's row-by-row products save against oneDNN's, per product and per decoder step of `base`.
+
+    python scripts/bench_native.py [--threads 2] [--repeats 30] [--out docs/figures/native]
+
+1. Each of base's decoder product shapes (and its head in float32 and bfloat16) for 1 and 4 rows, over as many
+   distinct weights as fill ~100 MB, so that every call reads its weight from memory as in a step: oneDNN over
+   the dense weight, oneDNN over its packed copy, and decoding.native; microseconds and GB/s of weight read.
+2. A decoder step on the first 30 s of the second sonnet at position ~45, one token and a check of 3 drafts
+   (4 rows), the head screened and in full, with decoding.native against `onednn_only()`, in turn, as medians.
+
+Writes docs/figures/native.json and .md (`--out` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from benchlib import EVALDATA, command_line, figure_path, machine, use_threads, write_figures
+
+from asr.models.registry import load_model
+from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.window import encode
+from audio.load import load_audio
+from decoding import native
+from decoding.kernels import full_head, onednn_only
+
+SHAPES = {"attention projection 512 x 512": (512, 512), "fc1 2048 x 512": (2048, 512),
+          "fc2 512 x 2048": (512, 2048), "head 51,865 x 512": (51865, 512)}
+
+
+def per_call_us(fn, count: int, repeats: int) -> float:
+    """Median over `repeats` sweeps of the mean time of one call, calling fn(0..count-1) in turn."""
+    for i in range(count):
+        fn(i)
+    sweeps = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(count):
+            fn(i)
+        sweeps.append((time.perf_counter() - start) / count)
+    return statistics.median(sweeps) * 1e6
+
+
+def products(repeats: int) -> list[dict]:
+    onednn = torch.ops.mkldnn._linear_pointwise
+    found = []
+    for name, (rows_out, width) in SHAPES.items():
+        for dtype in ((torch.float32, torch.bfloat16) if name.startswith("head") else (torch.float32,)):
+            count = max(1, int(100e6 // (rows_out * width * 4)))
+            weights = [torch.randn(rows_out, width).to(dtype) for _ in range(count)]
+            packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]
+            megabytes = rows_out * width * weights[0].element_size() / 1e6
+            for rows in (1, 4):
+                x = torch.randn(rows, width)
+                xo = x.to(dtype)
+                times = {
+                    "oneDNN dense": per_call_us(lambda i: onednn(xo, weights[i], None, "none", [], ""), count, repeats),
+                    "oneDNN packed": per_call_us(lambda i: onednn(xo, packed[i], None, "none", [], ""), count, repeats),
+                    "native": per_call_us(lambda i: native.rowdot(x, weights[i]), count, repeats),
+                }
+                found.append({"product": name, "dtype": str(dtype).removeprefix("torch."), "rows": rows,
+                              "weight_mb": round(megabytes, 2), "us": {k: round(v, 1) for k, v in times.items()},
+                              "gb_per_s": {k: round(megabytes / v * 1e3, 1) for k, v in times.items()}})
+                print(found[-1], flush=True)
+    return found
+
+
+def steps(repeats: int) -> list[dict]:
+    bundle = load_model("base")
+    model = bundle.model
+    samples = load_audio(str(EVALDATA / "longform" / "p002.mp3"))[:30 * 16000]
+    features = bundle.feature_extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
+    encoder_output = encode(model, features)
+    exact = list(range(bundle.special.eot, model.config.vocab_size))
+    prompt = torch.tensor([[50258, 50259, 50359, 50363] + list(range(400, 440))])
+    configurations = {}
+    for head in ("screened", "full"):
+        for kernels in ("native", "oneDNN"):
+            with onednn_only(kernels == "oneDNN"), full_head(head == "full"):
+                decoder = WhisperDecoderAdapter(model, encoder_output)
+                configurations[(head, kernels)] = decoder.screened(exact) if head == "screened" else decoder
+
+    def step_ms(head: str, kernels: str, rows: int, tokens: int = 20) -> float:
+        decoder = configurations[(head, kernels)]
+        with onednn_only(kernels == "oneDNN"), full_head(head == "full"):
+            cache = decoder.new_cache(1)
+            decoder.forward(prompt, cache, 1)
+            start = time.perf_counter()
+            for i in range(tokens):
+                decoder.forward(torch.full((1, rows), 500 + i), cache, rows)
+            return (time.perf_counter() - start) / tokens * 1e3
+
+    found = []
+    for rows in (1, 4):
+        times: dict[tuple[str, str], list[float]] = {key: [] for key in configurations}
+        for _ in range(repeats):
+            for key in configurations:
+                times[key].append(step_ms(*key, rows))
+        for head in ("screened", "full"):
+            native_ms = statistics.median(times[(head, "native")])
+            onednn_ms = statistics.median(times[(head, "oneDNN")])
+            found.append({"rows": rows, "head": head, "native_ms": round(native_ms, 2),
+                          "onednn_ms": round(onednn_ms, 2), "speedup": round(onednn_ms / native_ms, 2)})
+            print(found[-1], flush=True)
+    return found
+
+
+def table(data: dict) -> str:
+    lines = ["| product | weight | rows | oneDNN dense | oneDNN packed | native | native GB/s |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for row in data["products"]:
+        us = row["us"]
+        lines.append(f"| {row['product']} | {row['dtype']}, {row['weight_mb']} MB | {row['rows']} | "
+                     f"{us['oneDNN dense']:.0f} us | {us['oneDNN packed']:.0f} us | {us['native']:.0f} us | "
+                     f"{row['gb_per_s']['native']} |")
+    lines += ["", "| decoder step of base | head | oneDNN ms | native ms | speed-up |", "| --- | --- | ---: | ---: | ---: |"]
+    for row in data["steps"]:
+        what = "one token" if row["rows"] == 1 else f"check of {row['rows'] - 1} drafts"
+        lines.append(f"| {what} | {row['head']} | {row['onednn_ms']:.2f} | {row['native_ms']:.2f} | "
+                     f"{row['speedup']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--out", default=str(figure_path("native")), help="writes OUT.json and OUT.md")
+    args = parser.parse_args()
+    use_threads(args.threads)
+    if native.library() is None:
+        raise SystemExit("decoding.native could not be built here (no C compiler?)")
+    data = {"products": products(args.repeats), "steps": steps(max(3, args.repeats // 4))}
+    write_figures(args.out, data, table(data), command_line("bench_native.py"), machine())
+
+
+if __name__ == "__main__":
+    main()

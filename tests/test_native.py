@@ -1,0 +1,130 @@
+"""decoding.native: the row-by-row products of decoder steps, compiled here, and how decoding.kernels routes to them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from decoding import kernels, native
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler to build decoding.native")
+
+
+def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_products_match_float64(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    rows = int(torch.randint(1, 6, (1,), generator=generator))
+    out_features = int(torch.randint(1, 300, (1,), generator=generator))
+    in_features = [7, 64, 100, 384, 512, 777][seed % 6]  # with and without a remainder past multiples of 64
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator) if seed % 2 else None
+    got = native.rowdot(x, weight, bias)
+    assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+    expected = _reference(x, weight, bias)
+    # float32 sums of in_features products: within a few units of the last place of the sum of magnitudes.
+    scale = (x.abs().double() @ weight.abs().double().T) + (0 if bias is None else bias.abs().double())
+    assert ((got.double() - expected).abs() <= 4 * in_features * 2.0 ** -24 * scale + 1e-30).all()
+
+
+def test_each_row_is_the_same_alone_with_others_and_with_any_threads() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 512, generator=generator)
+    weight = torch.randn(2048, 512, generator=generator)
+    bias = torch.randn(2048, generator=generator)
+    together = native.rowdot(x, weight, bias)
+    for i in range(4):
+        assert torch.equal(native.rowdot(x[i:i + 1], weight, bias)[0], together[i])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(native.rowdot(x, weight, bias), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_bfloat16_weight_is_the_float32_product_of_its_exact_widening() -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 512, generator=generator)
+    low = torch.randn(1000, 512, generator=generator).to(torch.bfloat16)
+    assert torch.equal(native.rowdot(x, low), native.rowdot(x, low.float()))
+
+
+def test_batched_shapes_keep_their_leading_dimensions() -> None:
+    x = torch.randn(1, 2, 64)
+    weight = torch.randn(10, 64)
+    assert native.rowdot(x, weight).shape == (1, 2, 10)
+    with pytest.raises(ValueError, match="input of 64 features for a weight of 32"):
+        native.rowdot(x, torch.randn(10, 32))
+
+
+def test_linear_routes_few_float32_rows_to_native_and_the_rest_to_onednn() -> None:
+    generator = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(300, 512, generator=generator), torch.randn(300, generator=generator)
+    few, many = torch.randn(1, 1, 512, generator=generator), torch.randn(1, 40, 512, generator=generator)
+    product = kernels.linear(weight, bias)
+    assert torch.equal(product(few), native.rowdot(few, weight, bias))
+    torch.testing.assert_close(product(many), F.linear(many, weight, bias), rtol=1e-5, atol=1e-4)
+    with kernels.onednn_only():
+        onednn = kernels.linear(weight, bias)
+        assert not kernels.native_rows_allowed(weight)
+    torch.testing.assert_close(onednn(few), F.linear(few, weight, bias), rtol=1e-5, atol=1e-4)
+    with kernels.reference_kernels():
+        assert torch.equal(kernels.linear(weight, bias)(few), F.linear(few, weight, bias))
+
+
+def test_onednn_linear_modules_take_the_native_path_for_a_step() -> None:
+    layer = torch.nn.Linear(512, 256)
+    kernels.use_onednn(layer)
+    x = torch.randn(1, 512)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), native.rowdot(x, layer.weight, layer.bias))
+        with kernels.onednn_only():
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_compiler_the_products_stay_onednn(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("ASSISTED_WHISPER_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_compiler", lambda: None)
+    native.library.cache_clear()
+    try:
+        assert native.library() is None
+        assert not kernels.native_rows_allowed()
+        weight, x = torch.randn(20, 64), torch.randn(1, 64)
+        torch.testing.assert_close(kernels.linear(weight, None)(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+        assert not list(tmp_path.iterdir())
+    finally:
+        native.library.cache_clear()
+
+
+def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("ASSISTED_WHISPER_CACHE", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        assert native.library() is not None
+        built = list((tmp_path / "native").glob("rowdot-*.so"))
+        assert len(built) == 1 and not list((tmp_path / "native").glob("*.tmp"))
+        stamp = built[0].stat().st_mtime_ns
+        native.library.cache_clear()
+        assert native.library() is not None and built[0].stat().st_mtime_ns == stamp
+    finally:
+        native.library.cache_clear()
+
+
+def test_a_failed_build_is_one_warning_and_onednn(monkeypatch, tmp_path, caplog) -> None:
+    monkeypatch.setenv("ASSISTED_WHISPER_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "SOURCE", tmp_path / "missing.c")
+    (tmp_path / "missing.c").write_text("this is not C\n")
+    native.library.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="decoding.native"):
+            assert native.library() is None
+        assert "native kernels unavailable" in caplog.text
+        assert not list((tmp_path / "native").glob("*"))
+    finally:
+        native.library.cache_clear()
