@@ -197,13 +197,16 @@ class Attention:
     of an int8 draft's step), so a bfloat16 or int8 decoder keeps its keys and values in float32 and multiplies
     them there, rounding only the result back; except where `exact_rows` asks that each query row get the bits
     it would get alone (the int8 model, whose check of drafts must give a one-token step's logits): float32
-    products over several rows sum in another order than over one, bfloat16's do not. On other devices it is
-    SDPA in the model's precision.
+    products over several rows sum in another order than over one, bfloat16's do not. Where `decoding.native` is
+    built (and not `onednn_only()`), float32 keys and values stay in their own layout and a few query rows attend
+    over them through its kernels, which stream each once. On other devices it is SDPA in the model's precision.
     """
 
     def __init__(self, device: torch.device, exact_rows: bool = False) -> None:
         self.plain = not _REFERENCE.get() and device.type == "cpu"
         self.exact_rows = exact_rows
+        # Decided once, as the layout `prepare` gives depends on it.
+        self.native = self.plain and not exact_rows and native_rows_allowed()
 
     def dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The precision keys and values are kept in for a decoder computing in `model_dtype`."""
@@ -213,12 +216,18 @@ class Attention:
         """Keys or values read by many calls, laid out as `__call__(..., ready=True)` takes them."""
         if not self.plain:
             return x
+        if self.native:
+            return x.to(torch.float32).contiguous()
         return (x.transpose(-1, -2) if keys or self.exact_rows else x).to(self.dtype(x.dtype)).contiguous()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
                  ready: bool = False) -> torch.Tensor:
         if not self.plain:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if ready and self.native:
+            if mask is None and q.shape[-2] <= native.MAX_ROWS:
+                return native.attention((q.to(torch.float32) * q.shape[-1] ** -0.5).contiguous(), k, v).to(q.dtype)
+            return self(q, k, v, mask)  # a prompt's many rows: torch's products over the keys as they lie
         scores = (q.to(k.dtype) * q.shape[-1] ** -0.5).contiguous() @ (k if ready else k.transpose(-1, -2))
         if mask is not None:
             scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, -torch.inf)

@@ -104,7 +104,28 @@ def library() -> ctypes.CDLL | None:
         function = getattr(lib, name)
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         function.restype = None
+    for name in ("attention_scores", "attention_values"):
+        function = getattr(lib, name)
+        function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        function.restype = None
     return lib
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q @ k.T) @ v for `[..., R, D]` float32 queries (already scaled) over `[..., T, D]` keys and values,
+    contiguous, on a CPU; `library()` built."""
+    lib = library()
+    *groups, rows, width = q.shape
+    keys = k.shape[-2]
+    count = q.numel() // (rows * width)
+    q = q.contiguous()
+    scores = torch.empty(*groups, rows, keys, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    lib.attention_scores(q.data_ptr(), k.data_ptr(), scores.data_ptr(), count, rows, keys, width, threads)
+    weights = scores.softmax(-1)
+    out = torch.empty(*groups, rows, width, dtype=torch.float32)
+    lib.attention_values(weights.data_ptr(), v.data_ptr(), out.data_ptr(), count, rows, keys, width, threads)
+    return out
 
 
 def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

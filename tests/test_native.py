@@ -128,3 +128,31 @@ def test_a_failed_build_is_one_warning_and_onednn(monkeypatch, tmp_path, caplog)
         assert not list((tmp_path / "native").glob("*"))
     finally:
         native.library.cache_clear()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_attention_over_many_keys_matches_float64(rows: int) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    q = torch.randn(2, 8, rows, 64, generator=generator) * 0.125
+    k, v = torch.randn(2, 8, 1500, 64, generator=generator), torch.randn(2, 8, 1500, 64, generator=generator)
+    expected = (q.double() @ k.double().transpose(-1, -2)).softmax(-1) @ v.double()
+    got = native.attention(q, k, v)
+    assert got.shape == (2, 8, rows, 64)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    # Each row as it would be alone.
+    assert torch.equal(native.attention(q[:, :, :1].contiguous(), k, v)[:, :, 0], got[:, :, 0])
+
+
+def test_cross_attention_keeps_its_layout_and_falls_back_for_many_rows() -> None:
+    generator = torch.Generator().manual_seed(5)
+    keys, values = torch.randn(1, 8, 1500, 64, generator=generator), torch.randn(1, 8, 1500, 64, generator=generator)
+    attention = kernels.Attention(torch.device("cpu"))
+    assert attention.native
+    k, v = attention.prepare(keys), attention.prepare(values, keys=False)
+    for rows in (1, 4, 40):
+        q = torch.randn(1, 8, rows, 64, generator=generator)
+        expected = torch.nn.functional.scaled_dot_product_attention(q.double(), keys.double(), values.double())
+        torch.testing.assert_close(attention(q, k, v, ready=True).double(), expected, rtol=1e-5, atol=1e-5)
+    with kernels.onednn_only():
+        assert not kernels.Attention(torch.device("cpu")).native
+    assert not kernels.Attention(torch.device("cpu"), exact_rows=True).native

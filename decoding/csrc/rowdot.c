@@ -104,5 +104,34 @@ void rowdot_bf16(const float* x, const uint16_t* w, const float* b, float* y, in
   }
 }
 
+/* Attention of a few query rows over many keys, per group g of G (a window's head), all float32 and contiguous:
+ * scores[g, r, t] = q[g, r, :] . k[g, t, :]      (q [G, R, D], k [G, T, D], scores [G, R, T])
+ * out[g, r, :] = sum_t w[g, r, t] v[g, t, :]      (w [G, R, T], v [G, T, D], out [G, R, D])
+ * Keys and values are streamed once each; every sum runs in one fixed order per row. */
+void attention_scores(const float* q, const float* k, float* scores, int64_t G, int64_t R, int64_t T, int64_t D,
+                      int threads) {
+  #pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < R; ++r)
+        scores[(g * R + r) * T + t] = dot(k + (g * T + t) * D, q + (g * R + r) * D, D);
+}
+
+void attention_values(const float* w, const float* v, float* out, int64_t G, int64_t R, int64_t T, int64_t D,
+                      int threads) {
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = 0; r < R; ++r) {
+      float* o = out + (g * R + r) * D;
+      const float* wr = w + (g * R + r) * T;
+      for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+      for (int64_t t = 0; t < T; ++t) {
+        const float* vt = v + (g * T + t) * D;
+        float a = wr[t];
+        for (int64_t d = 0; d < D; ++d) o[d] += a * vt[d];
+      }
+    }
+}
+
 /* Build check: the caller compares this with the version it expects. */
 int rowdot_version(void) { return 1; }
