@@ -1,16 +1,18 @@
-"""Row-by-row products for decoder steps on a CPU, compiled on this machine at first use (`csrc/rowdot.c`).
+"""Row-by-row products and attention for decoder steps on a CPU, compiled on this machine at first use
+(`csrc/rowdot.c`).
 
-A decoder step multiplies one to a few rows by every weight matrix, so its time is reading the weights. oneDNN's
-and MKL's products for so few rows read a float32 weight at 10-15 GB/s on the 2-core machines measured, where one
-pass over memory reaches 25 (docs/precision.md); a plain loop that streams each thread's block of rows once, with
-four vector accumulators, reaches ~20-25. Its sums run in one fixed order per row, so each row's result is the
-same whatever rows are computed beside it.
+A decoder step multiplies one to a few rows by every weight matrix and attends over 1,500 encoder frames, so its
+time is reading weights, keys and values. oneDNN's and MKL's products for so few rows read a float32 weight at
+10-15 GB/s on the 2-core machines measured, where one pass over memory reaches ~25 (docs/precision.md); a plain
+loop in which each thread streams its own block of rows once, with four vector accumulators, reaches ~20-25, and
+so do the attention kernels over keys and values laid out as they are. Every sum runs in one fixed order per row,
+so a row's result is the same whatever rows are computed beside it.
 
-The C file is compiled once per machine with the system's C compiler (`cc`, or `$CC`; `-O3 -march=native
--fopenmp`) into the cache folder (`$ASSISTED_WHISPER_CACHE`, else `$XDG_CACHE_HOME/assisted-whisper`, else
-`~/.cache/assisted-whisper`), under a name that hashes the source, the compiler and the CPU's flags. Without a
-compiler `library()` is None and the callers keep oneDNN (logged once); `decoding.kernels.onednn_only()` (or
-`ASSISTED_WHISPER_KERNELS=onednn`) keeps oneDNN without building anything.
+The C file is compiled once per machine with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`;
+`-O3 -march=native -fopenmp`) into the cache folder (`$ASSISTED_WHISPER_CACHE`, else
+`$XDG_CACHE_HOME/assisted-whisper`, else `~/.cache/assisted-whisper`), under a name that hashes the source, the
+compiler and the CPU's flags. Without a compiler `library()` is None and the callers keep oneDNN (logged);
+`decoding.kernels.onednn_only()` (or `ASSISTED_WHISPER_KERNELS=onednn`) keeps oneDNN without building anything.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     *groups, rows, width = q.shape
     keys = k.shape[-2]
     count = q.numel() // (rows * width)
-    q = q.contiguous()
+    q, k, v = (t.to(torch.float32).contiguous() for t in (q, k, v))  # no copies for what Attention prepares
     scores = torch.empty(*groups, rows, keys, dtype=torch.float32)
     threads = torch.get_num_threads()
     lib.attention_scores(q.data_ptr(), k.data_ptr(), scores.data_ptr(), count, rows, keys, width, threads)

@@ -21,6 +21,7 @@ from asr.assist.assistants import (
 )
 from asr.models.offload import OffloadOptions, offload_store
 from asr.models.precision import Precision, compute_dtype
+from decoding.kernels import native_rows_allowed
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     if spec == "auto":
         device_type = next(model_bundle.model.parameters()).device.type
         chosen = auto_assistant(device_type, model_bundle.source)
-        if chosen == "none" and device_type == "cpu" and not batched:
+        if chosen == "none" and device_type == "cpu" and not batched and not native_rows_allowed():
             chosen = shipped_draft_for(model_bundle.model) or chosen
         logger.info("--assistant auto chose %s", chosen)
         try:
@@ -128,9 +129,11 @@ def shipped_drafts() -> dict[str, Path]:
 def shipped_draft_for(model: torch.nn.Module) -> str | None:
     """The int8 copy of a shipped draft trained for `model` (`base-draft:int8` for `base`), or None.
 
-    `auto` drafts with it on a CPU where no distil-whisper student exists: with constant rounds of 3 it was
-    faster than plain greedy with the same words on every set measured (docs/drafts.md: 1.07x-1.25x on the
-    sonnets and VoxPopuli, 1.15x on the 65 English WER recordings), and on short clips faster than `self:int8`.
+    `auto` drafts with it on a CPU where no distil-whisper student exists and the model's steps run through
+    oneDNN: with constant rounds of 3 it was faster than plain greedy with the same words on every set measured
+    there (docs/drafts.md: 1.07x-1.25x on the sonnets and VoxPopuli, 1.15x on the 65 English WER recordings).
+    Over `decoding.native`'s products a float32 step costs ~0.75 of oneDNN's and the int8 draft's step hardly
+    less, and the draft broke even (decoder 0.93-1.04 of greedy's), so there `auto` decodes alone.
     """
     from asr.assist.draft import check_draft
 
