@@ -40,6 +40,7 @@ MAX_ROWS = 4
 
 
 def _cache_root() -> Path:
+    """The folder `asr.models.cache.cache_dir` names (decoding/ does not import asr/)."""
     explicit = os.environ.get("ASSISTED_WHISPER_CACHE")
     if explicit:
         return Path(explicit).expanduser()
@@ -80,18 +81,18 @@ def _build(compiler: str, target: Path) -> None:
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels (built now if needed), or None where they cannot be had or are switched off."""
+    """The compiled kernels (built now if needed), or None where they cannot be had (not Linux, no C compiler,
+    a failed build: logged once)."""
     if platform.system() != "Linux":
         return None
     compiler = _compiler()
     if compiler is None:
         logger.info("no C compiler found: decoder steps use oneDNN's products")
         return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), _cpu_flags().encode(),
-                                     platform.machine().encode()])).hexdigest()[:16]
-    target = _cache_root() / "native" / f"rowdot-{key}.so"
     try:
+        key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), compiler.encode(), _cpu_flags().encode(),
+                                         platform.machine().encode()])).hexdigest()[:16]
+        target = _cache_root() / "native" / f"rowdot-{key}.so"
         if not target.exists():
             _build(compiler, target)
         lib = ctypes.CDLL(str(target))

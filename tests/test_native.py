@@ -156,3 +156,15 @@ def test_cross_attention_keeps_its_layout_and_falls_back_for_many_rows() -> None
     with kernels.onednn_only():
         assert not kernels.Attention(torch.device("cpu")).native
     assert not kernels.Attention(torch.device("cpu"), exact_rows=True).native
+
+
+def test_a_missing_source_is_one_warning_and_onednn(monkeypatch, tmp_path, caplog) -> None:
+    monkeypatch.setenv("ASSISTED_WHISPER_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "SOURCE", tmp_path / "gone.c")
+    native.library.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="decoding.native"):
+            assert native.library() is None
+        assert "native kernels unavailable" in caplog.text
+    finally:
+        native.library.cache_clear()
