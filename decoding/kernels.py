@@ -198,15 +198,16 @@ class Attention:
     them there, rounding only the result back; except where `exact_rows` asks that each query row get the bits
     it would get alone (the int8 model, whose check of drafts must give a one-token step's logits): float32
     products over several rows sum in another order than over one, bfloat16's do not. Where `decoding.native` is
-    built (and not `onednn_only()`), float32 keys and values stay in their own layout and a few query rows attend
-    over them through its kernels, which stream each once. On other devices it is SDPA in the model's precision.
+    built (and not `onednn_only()`), cross-attention keys and values are kept in float32 in their own layout and
+    a few query rows attend over them through its kernels, which stream each once and compute each row on its own
+    (so the int8 model takes them for every pass). On other devices it is SDPA in the model's precision.
     """
 
     def __init__(self, device: torch.device, exact_rows: bool = False) -> None:
         self.plain = not _REFERENCE.get() and device.type == "cpu"
         self.exact_rows = exact_rows
         # Decided once, as the layout `prepare` gives depends on it.
-        self.native = self.plain and not exact_rows and native_rows_allowed()
+        self.native = self.plain and native_rows_allowed()
 
     def dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The precision keys and values are kept in for a decoder computing in `model_dtype`."""
@@ -225,9 +226,15 @@ class Attention:
         if not self.plain:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         if ready and self.native:
-            if mask is None and q.shape[-2] <= native.MAX_ROWS:
-                return native.attention((q.to(torch.float32) * q.shape[-1] ** -0.5).contiguous(), k, v).to(q.dtype)
-            return self(q, k, v, mask)  # a prompt's many rows: torch's products over the keys as they lie
+            scaled = (q.to(torch.float32) * q.shape[-1] ** -0.5).contiguous()
+            # Each row on its own whatever the row count, so `exact_rows` takes it for every pass.
+            if mask is None and (self.exact_rows or q.shape[-2] <= native.MAX_ROWS):
+                return native.attention(scaled, k, v).to(q.dtype)
+            # A prompt's many rows: torch's products over the keys and values as they lie.
+            scores = scaled @ k.transpose(-1, -2)
+            if mask is not None:
+                scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, -torch.inf)
+            return (scores.softmax(-1) @ v).to(q.dtype)
         scores = (q.to(k.dtype) * q.shape[-1] ** -0.5).contiguous() @ (k if ready else k.transpose(-1, -2))
         if mask is not None:
             scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, -torch.inf)
@@ -236,4 +243,4 @@ class Attention:
             return (weights @ v).to(q.dtype)
         # values.T @ weights.T: each query row's sum over the keys then runs in the same order whatever the
         # number of rows (weights @ values switches kernels between one row and several, and rounds differently).
-        return ((v if ready else self.prepare(v, keys=False)) @ weights.transpose(-1, -2)).transpose(-1, -2)
+        return ((v if ready else v.transpose(-1, -2).contiguous()) @ weights.transpose(-1, -2)).transpose(-1, -2)

@@ -155,7 +155,13 @@ def test_cross_attention_keeps_its_layout_and_falls_back_for_many_rows() -> None
         torch.testing.assert_close(attention(q, k, v, ready=True).double(), expected, rtol=1e-5, atol=1e-5)
     with kernels.onednn_only():
         assert not kernels.Attention(torch.device("cpu")).native
-    assert not kernels.Attention(torch.device("cpu"), exact_rows=True).native
+    exact = kernels.Attention(torch.device("cpu"), exact_rows=True)
+    assert exact.native
+    k, v = exact.prepare(keys.bfloat16()), exact.prepare(values.bfloat16(), keys=False)
+    assert k.dtype == torch.float32 and k.shape == keys.shape
+    q = torch.randn(1, 8, 40, 64, generator=generator).bfloat16()
+    together = exact(q, k, v, ready=True)
+    assert torch.equal(exact(q[:, :, 7:8], k, v, ready=True)[:, :, 0], together[:, :, 7])
 
 
 def test_a_missing_source_is_one_warning_and_onednn(monkeypatch, tmp_path, caplog) -> None:
