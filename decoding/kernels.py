@@ -222,13 +222,15 @@ class Attention:
         return (x.transpose(-1, -2) if keys or self.exact_rows else x).to(self.dtype(x.dtype)).contiguous()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-                 ready: bool = False) -> torch.Tensor:
+                 ready: bool = False, prompt: bool = False) -> torch.Tensor:
+        """`prompt`: the pass that fills an empty cache, the same in plain and assisted decoding, so `exact_rows`
+        need not compute its rows one by one."""
         if not self.plain:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         if ready and self.native:
             scaled = (q.to(torch.float32) * q.shape[-1] ** -0.5).contiguous()
-            # Each row on its own whatever the row count, so `exact_rows` takes it for every pass.
-            if mask is None and (self.exact_rows or q.shape[-2] <= native.MAX_ROWS):
+            # Each row on its own whatever the row count, so `exact_rows` takes it for every pass after the prompt.
+            if mask is None and (q.shape[-2] <= native.MAX_ROWS or self.exact_rows and not prompt):
                 return native.attention(scaled, k, v).to(q.dtype)
             # A prompt's many rows: torch's products over the keys and values as they lie.
             scores = scaled @ k.transpose(-1, -2)

@@ -105,7 +105,7 @@ class WhisperDecoderAdapter:
             a = self.attention(split(q), k, v, attention_mask)
             x = x + layer.out(a.transpose(1, 2).reshape(batch, width, -1))
             keys, values = self.cross[index]
-            a = self.attention(split(layer.cross_q(layer.norm_cross(x))), keys, values, ready=True)
+            a = self.attention(split(layer.cross_q(layer.norm_cross(x))), keys, values, ready=True, prompt=start == 0)
             x = x + layer.cross_out(a.transpose(1, 2).reshape(batch, width, -1))
             x = x + layer.fc2(layer.activation(layer.fc1(layer.norm_ffn(x))))
         cache.length = end
