@@ -44,34 +44,28 @@ _ONEDNN_ONLY = contextvars.ContextVar("onednn_only",
 
 
 @contextlib.contextmanager
-def reference_kernels(on: bool = True) -> Iterator[None]:
-    """Within the block, functions built here use PyTorch's default kernels (`F.linear`, SDPA) when `on`."""
-    token = _REFERENCE.set(on)
+def _switched(switch: contextvars.ContextVar, on: bool) -> Iterator[None]:
+    token = switch.set(on)
     try:
         yield
     finally:
-        _REFERENCE.reset(token)
+        switch.reset(token)
 
 
-@contextlib.contextmanager
-def full_head(on: bool = True) -> Iterator[None]:
+def reference_kernels(on: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Within the block, functions built here use PyTorch's default kernels (`F.linear`, SDPA) when `on`."""
+    return _switched(_REFERENCE, on)
+
+
+def full_head(on: bool = True) -> contextlib.AbstractContextManager[None]:
     """Within the block, greedy decoding computes every logit of a float32 head in float32 when `on` (this
     library's other kernels stay), for comparisons with the screened head."""
-    token = _FULL_HEAD.set(on)
-    try:
-        yield
-    finally:
-        _FULL_HEAD.reset(token)
+    return _switched(_FULL_HEAD, on)
 
 
-@contextlib.contextmanager
-def onednn_only(on: bool = True) -> Iterator[None]:
+def onednn_only(on: bool = True) -> contextlib.AbstractContextManager[None]:
     """Within the block, functions built here multiply few rows through oneDNN, not `decoding.native`, when `on`."""
-    token = _ONEDNN_ONLY.set(on)
-    try:
-        yield
-    finally:
-        _ONEDNN_ONLY.reset(token)
+    return _switched(_ONEDNN_ONLY, on)
 
 
 def native_rows_allowed(weight: torch.Tensor | None = None) -> bool:

@@ -27,6 +27,7 @@ beam search, which read the whole distribution, use the float32 head.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -49,8 +50,6 @@ class HeadScreen:
         low = weight.to(torch.bfloat16)
         self.weight = weight
         self.low = low
-        # Over oneDNN's packed layout: a one-row product streams the weights fastest (docs/precision.md).
-        self.product = linear(low, None, torch.ops.mkldnn._reorder_linear_weight(low))
         width = weight.shape[1]
         self.weight_norm = float(weight.norm(dim=1).max())
         self.low_norm = float(low.float().norm(dim=1).max())
@@ -60,6 +59,12 @@ class HeadScreen:
         u = 2.0 ** -24
         self.gamma = 2 * width * u / (1 - width * u)
         self._heads: dict[tuple[int, ...], ScreenedHead] = {}
+
+    @functools.cached_property
+    def product(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """oneDNN's product over a packed copy of `low`, made when first needed (several rows, or no
+        `decoding.native`): over that layout its products stream the weights fastest (docs/precision.md)."""
+        return linear(self.low, None, torch.ops.mkldnn._reorder_linear_weight(self.low))
 
     def head(self, exact_ids: Sequence[int]) -> "ScreenedHead":
         key = tuple(sorted(set(int(i) for i in exact_ids)))
