@@ -33,7 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
-VERSION = 1
+VERSION = 2
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
 MAX_ROWS = 4
@@ -107,6 +107,8 @@ def library() -> ctypes.CDLL | None:
         function = getattr(lib, name)
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         function.restype = None
+    lib.rowdot_i8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.rowdot_i8.restype = None
     for name in ("attention_scores", "attention_values"):
         function = getattr(lib, name)
         function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int]
@@ -131,20 +133,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return out
 
 
-def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias` in float32 for a CPU float32 `x` and a dense float32 or bfloat16 `weight` (widened
-    exactly as it is read), `library()` built."""
+def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           scale: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` in float32 for a CPU `x` (float32, or bfloat16 widened exactly) and a dense float32,
+    bfloat16 or int8 `weight`, each weight widened exactly as it is read; an int8 weight's products are multiplied
+    by `scale` (one per output row: `y = scale * (x @ weight.T) + bias`). `library()` built."""
     lib = library()
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    rows = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
     weight = weight.contiguous()
     out_features, in_features = weight.shape
     if rows.shape[1] != in_features:
         raise ValueError(f"input of {rows.shape[1]} features for a weight of {in_features}")
+    if (weight.dtype == torch.int8) != (scale is not None):
+        raise ValueError("an int8 weight needs its scales, and only an int8 weight takes them")
     if bias is not None:
         bias = bias.to(torch.float32).contiguous()
     y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
-    kernel = lib.rowdot_f32 if weight.dtype == torch.float32 else lib.rowdot_bf16
-    kernel(rows.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
-           rows.shape[0], out_features, in_features, torch.get_num_threads())
+    pointers = (rows.data_ptr(), weight.data_ptr())
+    if scale is not None:
+        scale = scale.to(torch.float32).contiguous()
+        pointers += (scale.data_ptr(),)
+    kernel = {torch.float32: lib.rowdot_f32, torch.bfloat16: lib.rowdot_bf16, torch.int8: lib.rowdot_i8}[weight.dtype]
+    kernel(*pointers, bias.data_ptr() if bias is not None else None, y.data_ptr(), rows.shape[0], out_features,
+           in_features, torch.get_num_threads())
     return y.view(*x.shape[:-1], out_features)
-

@@ -109,6 +109,13 @@ def test_a_precision_suffix_gives_a_low_precision_copy_of_the_assistant(base) ->
     assert isinstance(assistant, FullAssistant) and assistant.name == "tiny.en:int8"
     assert isinstance(assistant.decoder_model.get_output_embeddings(), Int8Linear)
     assert assistant.bundle.model.get_output_embeddings().weight.dtype == torch.float32  # its encoder stays as is
+    # Its activations: float32 where decoding.native multiplies int8 weights with them, else bfloat16.
+    from decoding.kernels import native_rows_allowed, onednn_only
+
+    assert assistant.decoder_model.get_output_embeddings().scale.dtype == (
+        torch.float32 if native_rows_allowed() else torch.bfloat16)
+    with onednn_only():
+        assert make_assistant("self:int8", base).decoder_model.get_output_embeddings().scale.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="unknown precision 'int4' for self"):
         make_assistant("self:int4", base)
     with pytest.raises(ValueError, match="unknown model 'tiny.en:int4'"):

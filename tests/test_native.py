@@ -55,6 +55,54 @@ def test_a_bfloat16_weight_is_the_float32_product_of_its_exact_widening() -> Non
     assert torch.equal(native.rowdot(x, low), native.rowdot(x, low.float()))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize("in_features", [7, 512, 777])
+def test_an_int8_weight_is_its_scaled_widening(rows: int, in_features: int) -> None:
+    generator = torch.Generator().manual_seed(rows * 1000 + in_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    quantized = torch.randint(-127, 128, (300, in_features), generator=generator, dtype=torch.int8)
+    scale = torch.rand(300, generator=generator) / 64
+    bias = torch.randn(300, generator=generator)
+    got = native.rowdot(x, quantized, bias, scale)
+    # The same sums as over the float32 widening (the same order), each then scaled.
+    assert torch.equal(native.rowdot(x, quantized, None, scale), native.rowdot(x, quantized.float()) * scale)
+    expected = _reference(x, quantized.double() * scale.double()[:, None], bias)
+    magnitude = (x.abs().double() @ quantized.abs().double().T) * scale.double() + bias.abs().double()
+    assert ((got.double() - expected).abs() <= 4 * in_features * 2.0 ** -24 * magnitude + 1e-30).all()
+    for i in range(rows):  # each row on its own
+        assert torch.equal(native.rowdot(x[i:i + 1], quantized, bias, scale)[0], got[i])
+
+
+def test_int8_weights_and_scales_come_together() -> None:
+    with pytest.raises(ValueError, match="scales"):
+        native.rowdot(torch.randn(1, 8), torch.zeros(4, 8, dtype=torch.int8))
+    with pytest.raises(ValueError, match="scales"):
+        native.rowdot(torch.randn(1, 8), torch.zeros(4, 8), scale=torch.ones(4))
+
+
+def test_bfloat16_rows_are_widened_exactly() -> None:
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    weight = torch.randn(16, 64)
+    assert torch.equal(native.rowdot(x, weight), native.rowdot(x.float(), weight))
+
+
+def test_float32_int8_linears_take_the_native_kernel_and_bfloat16_ones_keep_pytorchs() -> None:
+    from asr.models.int8 import Int8Linear
+
+    dense = torch.nn.Linear(512, 300)
+    x = torch.randn(1, 3, 512)
+    draft_copy, model_copy = Int8Linear(dense, torch.float32), Int8Linear(dense, torch.bfloat16)
+    expected = native.rowdot(x, draft_copy.weight, draft_copy.bias, draft_copy.scale)
+    assert torch.equal(draft_copy(x), expected)
+    with kernels.onednn_only():
+        pytorch = draft_copy(x)
+    assert not torch.equal(pytorch, expected) and torch.allclose(pytorch, expected, atol=1e-4)
+    low = model_copy(x.bfloat16())
+    assert low.dtype == torch.bfloat16
+    with kernels.onednn_only():
+        assert torch.equal(model_copy(x.bfloat16()), low)
+
+
 def test_batched_shapes_keep_their_leading_dimensions() -> None:
     x = torch.randn(1, 2, 64)
     weight = torch.randn(10, 64)

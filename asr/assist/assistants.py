@@ -127,8 +127,13 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
 
     from asr.models.int8 import Int8Linear, dequantize_linears, quantize_linears
     from asr.models.offload import materialized
+    from decoding.kernels import native_rows_allowed
 
     dtype = {"int8": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    if precision == "int8" and native_rows_allowed():
+        # decoding.native multiplies int8 weights with float32 rows at the int8 weights' speed, so a draft's
+        # activations, norms and attention stay in float32, where a step's small operations cost least.
+        dtype = torch.float32
     source = model.get_decoder()
     embedding = getattr(model, "shared_embedding", None)
     if embedding is None:
@@ -141,15 +146,15 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
             layer_copy = dequantize_linears(remove_hook_from_module(copy.deepcopy(layer)))
         # The copy only ever runs through WhisperDecoderAdapter, so its q, k, v projections can be one matmul.
         fuse_layer_qkv(layer_copy)
-        if precision == "int8":  # quantised from the fp32 weights; norms and biases in bf16
-            quantize_linears(layer_copy.float())
+        if precision == "int8":  # quantised from the fp32 weights; norms and biases in the copy's dtype
+            quantize_linears(layer_copy.float(), dtype)
         decoder.layers.append(layer_copy.to(dtype))
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):  # a draft's own head (a vocabulary subset): copied whole, as it is small
         head_copy = copy.deepcopy(head)
-        head_copy = quantize_linears(head_copy.float()).to(dtype) if precision == "int8" else head_copy.to(dtype)
+        head_copy = quantize_linears(head_copy.float(), dtype).to(dtype) if precision == "int8" else head_copy.to(dtype)
     elif precision == "int8":
-        head_copy = Int8Linear(head)
+        head_copy = Int8Linear(head, dtype)
     else:
         head_copy = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None, device="meta")
         head_copy.weight = torch.nn.Parameter(head.weight.detach().to(dtype), requires_grad=False)

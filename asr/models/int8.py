@@ -1,16 +1,21 @@
 """Weight-only int8 Linear layers for decoders on a CPU: the `--dtype int8` model's and the int8 drafts'.
 
 Each output row keeps its own scale (per-channel, as gpt-fast's int8 weight-only mode) and the activations
-stay in bfloat16, so a copy agrees with the fp32 model more often than PyTorch's dynamic quantisation, which
+stay in bfloat16 (the drafts': float32, below), so a copy agrees with the fp32 model more often than PyTorch's dynamic quantisation, which
 also rounds the activations to int8 with one scale per tensor. The kernel computes each row on its own: a row's
 result does not depend on the rows beside it, so checking drafts in one pass gives greedy decoding's numbers.
+For float32 activations (the int8 drafts, `asr.assist.assistants.low_precision_decoder`) and where
+`decoding.native` is built, that kernel is its `rowdot_i8` (the weights widened as they are read, sums in float32):
+at one row it reads the int8 weights about twice as fast as PyTorch's `_weight_int8pack_mm`. The `--dtype int8`
+model keeps bfloat16 activations and PyTorch's kernel (its words as measured in docs/precision.md).
 """
 
 from __future__ import annotations
 
 import torch
 
-from decoding.kernels import linear
+from decoding import native
+from decoding.kernels import linear, native_rows_allowed
 
 _ROWS = 4096
 # From this many rows on, a product runs in bfloat16 over dequantised weights; decoding (drafts and their checks)
@@ -45,10 +50,22 @@ class Int8Linear(torch.nn.Module):
             # 1,500 rows) the weights dequantised once and a bfloat16 product take a quarter of its time.
             return linear(self.weight.to(self.scale.dtype) * self.scale[:, None], self.bias)(flat).view(
                 *x.shape[:-1], self.out_features)
+        if self.scale.dtype == torch.float32 and flat.device.type == "cpu" and native_rows_allowed():
+            scale, bias = self._float32()
+            return native.rowdot(flat, self.weight, bias, scale).to(self.scale.dtype).view(
+                *x.shape[:-1], self.out_features)
         y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _float32(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The scales and bias in float32 for `decoding.native` (converted once per tensor, not per call)."""
+        cached = getattr(self, "_native_operands", None)
+        if cached is None or cached[0] is not self.scale or cached[1] is not self.bias:
+            bias = None if self.bias is None else self.bias.float()
+            cached = self._native_operands = (self.scale, self.bias, self.scale.float(), bias)
+        return cached[2], cached[3]
 
     def to_linear(self) -> torch.nn.Linear:
         """A plain Linear with the dequantised weights, in the activations' dtype."""
