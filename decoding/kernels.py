@@ -43,6 +43,10 @@ _ONEDNN_ONLY = contextvars.ContextVar("onednn_only",
                                       default=os.environ.get("ASSISTED_WHISPER_KERNELS") == "onednn")
 
 
+# Whether the decoder pass now running fills an empty cache (`prompt_pass`).
+_PROMPT = contextvars.ContextVar("prompt_pass", default=False)
+
+
 @contextlib.contextmanager
 def _switched(switch: contextvars.ContextVar, on: bool) -> Iterator[None]:
     token = switch.set(on)
@@ -66,6 +70,16 @@ def full_head(on: bool = True) -> contextlib.AbstractContextManager[None]:
 def onednn_only(on: bool = True) -> contextlib.AbstractContextManager[None]:
     """Within the block, functions built here multiply few rows through oneDNN, not `decoding.native`, when `on`."""
     return _switched(_ONEDNN_ONLY, on)
+
+
+def prompt_pass(on: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Within the block, the decoder pass running fills an empty cache (a window's prompt) when `on`: that pass is
+    the same call in plain and assisted decoding, so its many rows need not each get a one-token step's bits."""
+    return _switched(_PROMPT, on)
+
+
+def in_prompt_pass() -> bool:
+    return _PROMPT.get()
 
 
 def native_rows_allowed(weight: torch.Tensor | None = None) -> bool:
@@ -216,9 +230,10 @@ class Attention:
         return (x.transpose(-1, -2) if keys or self.exact_rows else x).to(self.dtype(x.dtype)).contiguous()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-                 ready: bool = False, prompt: bool = False) -> torch.Tensor:
-        """`prompt`: the pass that fills an empty cache, the same in plain and assisted decoding, so `exact_rows`
-        need not compute its rows one by one."""
+                 ready: bool = False) -> torch.Tensor:
+        """Within `prompt_pass()` (the pass that fills an empty cache, the same in plain and assisted decoding)
+        `exact_rows` need not compute its rows one by one."""
+        prompt = in_prompt_pass()
         if not self.plain:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         if ready and self.native:
@@ -231,6 +246,11 @@ class Attention:
             if mask is not None:
                 scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, -torch.inf)
             return (scores.softmax(-1) @ v).to(q.dtype)
+        if self.native and self.exact_rows and not prompt and k.dtype == torch.float32 and mask is not None \
+                and mask.dtype == torch.bool:
+            # A float32 row-exact decoder's self-attention (the int8 model's) over its fixed span of slots: each
+            # row on its own through the native kernels, as its cross-attention.
+            return native.attention((q * q.shape[-1] ** -0.5).contiguous(), k, v, mask).to(q.dtype)
         scores = (q.to(k.dtype) * q.shape[-1] ** -0.5).contiguous() @ (k if ready else k.transpose(-1, -2))
         if mask is not None:
             scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, -torch.inf)

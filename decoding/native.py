@@ -116,9 +116,10 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q @ k.T) @ v for `[..., R, D]` float32 queries (already scaled) over `[..., T, D]` keys and values,
-    contiguous, on a CPU; `library()` built."""
+    contiguous, on a CPU; `mask` (boolean, broadcast to `[..., R, T]`) keeps the keys a row may see. `library()`
+    built."""
     lib = library()
     *groups, rows, width = q.shape
     keys = k.shape[-2]
@@ -127,6 +128,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     scores = torch.empty(*groups, rows, keys, dtype=torch.float32)
     threads = torch.get_num_threads()
     lib.attention_scores(q.data_ptr(), k.data_ptr(), scores.data_ptr(), count, rows, keys, width, threads)
+    if mask is not None:
+        scores.masked_fill_(~mask, -torch.inf)
     weights = scores.softmax(-1)
     out = torch.empty(*groups, rows, width, dtype=torch.float32)
     lib.attention_values(weights.data_ptr(), v.data_ptr(), out.data_ptr(), count, rows, keys, width, threads)

@@ -213,7 +213,27 @@ def test_cross_attention_keeps_its_layout_and_falls_back_for_many_rows() -> None
     # The pass that fills an empty cache may take torch's products: the same call in plain and assisted decoding.
     expected = torch.nn.functional.scaled_dot_product_attention(q.double(), keys.bfloat16().double(),
                                                                 values.bfloat16().double())
-    torch.testing.assert_close(exact(q, k, v, ready=True, prompt=True).double(), expected, rtol=2e-2, atol=2e-2)
+    with kernels.prompt_pass():
+        prompt = exact(q, k, v, ready=True)
+    torch.testing.assert_close(prompt.double(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_a_float32_row_exact_self_attention_gives_each_row_its_own_bits() -> None:
+    # The int8 model's self-attention over its fixed span of slots: a check of 4 rows, and each row alone.
+    generator = torch.Generator().manual_seed(6)
+    exact = kernels.Attention(torch.device("cpu"), exact_rows=True)
+    keys, values = torch.randn(1, 8, 448, 64, generator=generator), torch.randn(1, 8, 448, 64, generator=generator)
+    q = torch.randn(1, 8, 4, 64, generator=generator)
+    from decoding.kv_cache import causal_mask
+
+    together = exact(q, keys, values, causal_mask(60, 4, torch.device("cpu"), slots=448))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), keys[:, :, :64].double(), values[:, :, :64].double(),
+        attn_mask=causal_mask(60, 4, torch.device("cpu")))
+    torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=1e-5)
+    for row in range(4):
+        alone = exact(q[:, :, row:row + 1], keys, values, causal_mask(60 + row, 1, torch.device("cpu"), slots=448))
+        assert torch.equal(alone[:, :, 0], together[:, :, row])
 
 
 def test_a_missing_source_is_one_warning_and_onednn(monkeypatch, tmp_path, caplog) -> None:

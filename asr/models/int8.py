@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from decoding import native
-from decoding.kernels import linear, native_rows_allowed
+from decoding.kernels import in_prompt_pass, linear, native_rows_allowed
 
 _ROWS = 4096
 # From this many rows on, a product runs in bfloat16 over dequantised weights; decoding (drafts and their checks)
@@ -45,10 +45,13 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
-        if len(flat) >= _MANY_ROWS:
-            # The int8 kernel is made for a few rows; over an encoder output (cross-attention keys and values,
-            # 1,500 rows) the weights dequantised once and a bfloat16 product take a quarter of its time.
-            return linear(self.weight.to(self.scale.dtype) * self.scale[:, None], self.bias)(flat).view(
+        if len(flat) >= _MANY_ROWS or len(flat) > native.MAX_ROWS and in_prompt_pass():
+            # The int8 kernels are made for a few rows; over an encoder output (cross-attention keys and values,
+            # 1,500 rows) or a prompt the weights dequantised once and a bfloat16 product take a fraction of
+            # their time (a prompt pass is the same in plain and assisted decoding: `in_prompt_pass`).
+            weight = (self.weight.to(self.scale.dtype) * self.scale[:, None]).to(torch.bfloat16)
+            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+            return linear(weight, bias)(flat.to(torch.bfloat16)).to(self.scale.dtype).view(
                 *x.shape[:-1], self.out_features)
         if self.scale.dtype == torch.float32 and flat.device.type == "cpu" and native_rows_allowed():
             scale, bias = self._float32()

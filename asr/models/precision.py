@@ -100,17 +100,28 @@ def pack_for_rows(model: torch.nn.Module) -> bool:
     return all(module.packed is not None for module in linears)
 
 
+def int8_activations() -> torch.dtype:
+    """The int8 model's decoder activations: float32 where `decoding.native` is built (its int8 products take
+    float32 rows at the int8 weights' speed, and its attention keeps each row on its own), else bfloat16
+    (PyTorch's int8 kernel and row-exact bfloat16 attention)."""
+    from decoding.kernels import native_rows_allowed
+
+    return torch.float32 if native_rows_allowed() else torch.bfloat16
+
+
 @torch.no_grad()
 def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     """Makes a float32 Whisper model the int8 model described above (in place); returns it."""
     from asr.models.int8 import Int8Linear, quantize_linears
 
     decoder = model.get_decoder()
+    dtype = int8_activations()
     # The head is tied to the token embedding: quantised from the float32 rows before they are rounded.
-    model.proj_out = Int8Linear(model.get_output_embeddings())
+    model.proj_out = Int8Linear(model.get_output_embeddings(), dtype)
     for layer in decoder.layers:
-        quantize_linears(layer)
-    decoder.to(torch.bfloat16)
+        quantize_linears(layer, dtype)
+    decoder.to(dtype)
+    decoder.embed_tokens.to(torch.bfloat16)  # rows looked up are widened exactly (WhisperDecoderAdapter)
     model.get_encoder().to(torch.bfloat16)
     # Every decoder pass attends over all key slots (`asr.whisper.decoder.WhisperDecoderAdapter`): a row's logits are then
     # the same bits in a one-token step and in a check of drafts.

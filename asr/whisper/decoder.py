@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from asr.models.offload import offload_store
 from decoding.causal_lm import layer_norm_fn, linear_fn
-from decoding.kernels import Attention, linear
+from decoding.kernels import Attention, linear, prompt_pass
 from decoding.kv_cache import StaticKVCache, causal_mask
 from decoding.screened_head import screened_head
 
@@ -96,6 +96,14 @@ class WhisperDecoderAdapter:
         elif attention_mask is None and width > 1:
             attention_mask = causal_mask(start, width, self.device)
         x = F.embedding(input_ids, self.embed_tokens).to(self.dtype) + self.embed_positions[position_ids]
+        with prompt_pass(start == 0):
+            x = self._layers(x, cache, start, width, batch, attention_mask)
+        cache.length = end
+        return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
+
+    def _layers(self, x: torch.Tensor, cache: StaticKVCache, start: int, width: int, batch: int,
+                attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The decoder layers over `[batch, width, d]` hidden states written at cache slots from `start`."""
         split = self._split
         for index, layer in enumerate(self._plans()):
             q, k, v = layer.qkv(layer.norm_self(x))
@@ -105,11 +113,10 @@ class WhisperDecoderAdapter:
             a = self.attention(split(q), k, v, attention_mask)
             x = x + layer.out(a.transpose(1, 2).reshape(batch, width, -1))
             keys, values = self.cross[index]
-            a = self.attention(split(layer.cross_q(layer.norm_cross(x))), keys, values, ready=True, prompt=start == 0)
+            a = self.attention(split(layer.cross_q(layer.norm_cross(x))), keys, values, ready=True)
             x = x + layer.cross_out(a.transpose(1, 2).reshape(batch, width, -1))
             x = x + layer.fc2(layer.activation(layer.fc1(layer.norm_ffn(x))))
-        cache.length = end
-        return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
+        return x
 
     @property
     def batch_size(self) -> int:
