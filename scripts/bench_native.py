@@ -5,8 +5,11 @@
 1. Each of base's decoder product shapes (and its head in float32 and bfloat16) for 1 and 4 rows, over as many
    distinct weights as fill ~100 MB, so that every call reads its weight from memory as in a step: oneDNN over
    the dense weight, oneDNN over its packed copy, and decoding.native; microseconds and GB/s of weight read.
-2. A decoder step on the first 30 s of the second sonnet at position ~45, one token and a check of 3 drafts
-   (4 rows), the head screened and in full, with decoding.native against `onednn_only()`, in turn, as medians.
+2. Int8 weights (one scale per row) for 1 and 4 rows: PyTorch's `_weight_int8pack_mm` (bfloat16 rows, the
+   `--dtype int8` model's kernel without decoding.native) against decoding.native's (float32 rows).
+3. A decoder step on the first 30 s of the second sonnet at position ~45, one token and a check of 3 drafts
+   (4 rows), the head screened and in full, with decoding.native against `onednn_only()`, in turn, as medians;
+   and one-token steps of the int8 model and of `base-draft:int8` (each built under either kernel choice).
 
 Writes docs/figures/native.json and .md (`--out` to change).
 """
@@ -68,6 +71,69 @@ def products(repeats: int) -> list[dict]:
     return found
 
 
+def int8_products(repeats: int) -> list[dict]:
+    found = []
+    for name, (rows_out, width) in {**SHAPES, "draft head 17,608 x 512": (17608, 512)}.items():
+        count = max(1, int(100e6 // (rows_out * width)))
+        weights = [torch.randint(-127, 128, (rows_out, width), dtype=torch.int8) for _ in range(count)]
+        scales = [torch.rand(rows_out) / 100 for _ in range(count)]
+        low_scales = [scale.bfloat16() for scale in scales]
+        megabytes = rows_out * width / 1e6
+        for rows in (1, 4):
+            x = torch.randn(rows, width)
+            low = x.bfloat16()
+            times = {
+                "PyTorch int8": per_call_us(
+                    lambda i: torch.ops.aten._weight_int8pack_mm(low, weights[i], low_scales[i]), count, repeats),
+                "native": per_call_us(lambda i: native.rowdot(x, weights[i], None, scales[i]), count, repeats),
+            }
+            found.append({"product": name, "rows": rows, "weight_mb": round(megabytes, 2),
+                          "us": {k: round(v, 1) for k, v in times.items()},
+                          "gb_per_s": {k: round(megabytes / v * 1e3, 1) for k, v in times.items()}})
+            print(found[-1], flush=True)
+    return found
+
+
+def one_token_steps(repeats: int) -> list[dict]:
+    """One-token steps of the int8 model and of base-draft:int8, each built and run with and without native."""
+    from asr.assist.choose import make_assistant
+    from asr.models.precision import INT8
+
+    float32 = load_model("base")
+    int8 = {kernels: None for kernels in ("native", "oneDNN")}
+    drafts = dict(int8)
+    for kernels in int8:
+        with onednn_only(kernels == "oneDNN"):
+            int8[kernels] = load_model("base", dtype=INT8).model
+            drafts[kernels] = make_assistant("base-draft:int8", float32).decoder_model
+    samples = load_audio(str(EVALDATA / "longform" / "p002.mp3"))[:30 * 16000]
+    features = float32.feature_extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
+    prompt = torch.tensor([[50258, 50259, 50359, 50363] + list(range(400, 440))])
+    outputs = {"int8": encode(int8["native"], features), "base-draft:int8": encode(float32.model, features)}
+
+    def step_ms(module, encoder_output, kernels: str, tokens: int = 20) -> float:
+        with onednn_only(kernels == "oneDNN"):
+            decoder = WhisperDecoderAdapter(module, encoder_output)
+            cache = decoder.new_cache(1)
+            decoder.forward(prompt, cache, 1)
+            start = time.perf_counter()
+            for i in range(tokens):
+                decoder.forward(torch.full((1, 1), 500 + i), cache, 1)
+            return (time.perf_counter() - start) / tokens * 1e3
+
+    found = []
+    for what, modules in (("int8", int8), ("base-draft:int8", drafts)):
+        times: dict[str, list[float]] = {kernels: [] for kernels in modules}
+        for _ in range(repeats):
+            for kernels, module in modules.items():
+                times[kernels].append(step_ms(module, outputs[what], kernels))
+        native_ms, onednn_ms = statistics.median(times["native"]), statistics.median(times["oneDNN"])
+        found.append({"decoder": what, "native_ms": round(native_ms, 2), "onednn_ms": round(onednn_ms, 2),
+                      "speedup": round(onednn_ms / native_ms, 2)})
+        print(found[-1], flush=True)
+    return found
+
+
 def steps(repeats: int) -> list[dict]:
     bundle = load_model("base")
     model = bundle.model
@@ -121,6 +187,16 @@ def table(data: dict) -> str:
         what = "one token" if row["rows"] == 1 else f"check of {row['rows'] - 1} drafts"
         lines.append(f"| {what} | {row['head']} | {row['onednn_ms']:.2f} | {row['native_ms']:.2f} | "
                      f"{row['speedup']:.2f}x |")
+    for row in data.get("one_token_steps", []):
+        lines.append(f"| one token, {row['decoder']} | | {row['onednn_ms']:.2f} | {row['native_ms']:.2f} | "
+                     f"{row['speedup']:.2f}x |")
+    if data.get("int8_products"):
+        lines += ["", "| int8 product | weight | rows | PyTorch int8 (bfloat16 rows) | native (float32 rows) "
+                  "| native GB/s |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for row in data["int8_products"]:
+            us = row["us"]
+            lines.append(f"| {row['product']} | int8, {row['weight_mb']} MB | {row['rows']} | "
+                         f"{us['PyTorch int8']:.0f} us | {us['native']:.0f} us | {row['gb_per_s']['native']} |")
     return "\n".join(lines)
 
 
@@ -133,7 +209,8 @@ def main() -> None:
     use_threads(args.threads)
     if native.library() is None:
         raise SystemExit("decoding.native could not be built here (no C compiler?)")
-    data = {"products": products(args.repeats), "steps": steps(max(3, args.repeats // 4))}
+    data = {"products": products(args.repeats), "int8_products": int8_products(args.repeats),
+            "steps": steps(max(3, args.repeats // 4)), "one_token_steps": one_token_steps(max(3, args.repeats // 4))}
     write_figures(args.out, data, table(data), command_line("bench_native.py"), machine())
 
 
