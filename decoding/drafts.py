@@ -112,11 +112,11 @@ class AssistantDraft:
                         logits[b:b + 1] = apply_filters(self._filters(b), context, logits[b:b + 1, None])[:, 0]
             if self.sampling.greedy:
                 choice = logits.argmax(-1)
-                top = logits.softmax(-1).max(-1).values if min_confidence is not None else None
+                top = logits.softmax(-1).amax(-1) if min_confidence is not None else None
             else:
                 q = sampling_probs(logits, self.sampling)
                 choice = torch.multinomial(q, 1, generator=self.generator)[:, 0]
-                top = q.max(-1).values if min_confidence is not None else None
+                top = q.amax(-1) if min_confidence is not None else None
             tokens = choice.tolist()  # one read-back per drafting step
             confidences = top.tolist() if top is not None else None
             for b in range(rows):

@@ -368,7 +368,7 @@ def greedy_accept_rows(logits: list[torch.Tensor], drafts: list[list[int]]) -> l
     parts = []
     for row_logits, row_drafts in zip(logits, drafts):
         choice = row_logits.argmax(-1)
-        best_logprob = torch.log_softmax(row_logits.float(), dim=-1).max(-1).values
+        best_logprob = torch.log_softmax(row_logits.float(), dim=-1).amax(-1)
         draft_ids = torch.tensor(row_drafts, dtype=torch.long, device=row_logits.device)
         agreed = (choice[: len(row_drafts)] == draft_ids).int().cumprod(0).sum().view(1)
         parts += [choice.double(), agreed.double(), best_logprob.double()]

@@ -142,21 +142,28 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     bfloat16 or int8 `weight`, each weight widened exactly as it is read; an int8 weight's products are multiplied
     by `scale` (one per output row: `y = scale * (x @ weight.T) + bias`). `library()` built."""
     lib = library()
-    rows = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
-    weight = weight.contiguous()
+    # A step calls this ~50 times, so it converts and reshapes nothing it need not (each costs microseconds).
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.to(torch.float32).contiguous()
+    if not weight.is_contiguous():
+        weight = weight.contiguous()
     out_features, in_features = weight.shape
-    if rows.shape[1] != in_features:
-        raise ValueError(f"input of {rows.shape[1]} features for a weight of {in_features}")
+    if x.shape[-1] != in_features:
+        raise ValueError(f"input of {x.shape[-1]} features for a weight of {in_features}")
     if (weight.dtype == torch.int8) != (scale is not None):
         raise ValueError("an int8 weight needs its scales, and only an int8 weight takes them")
-    if bias is not None:
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()
-    y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
-    pointers = (rows.data_ptr(), weight.data_ptr())
-    if scale is not None:
-        scale = scale.to(torch.float32).contiguous()
-        pointers += (scale.data_ptr(),)
-    kernel = {torch.float32: lib.rowdot_f32, torch.bfloat16: lib.rowdot_bf16, torch.int8: lib.rowdot_i8}[weight.dtype]
-    kernel(*pointers, bias.data_ptr() if bias is not None else None, y.data_ptr(), rows.shape[0], out_features,
-           in_features, torch.get_num_threads())
-    return y.view(*x.shape[:-1], out_features)
+    y = torch.empty(*x.shape[:-1], out_features)
+    rows = x.numel() // in_features if in_features else 0
+    threads = torch.get_num_threads()
+    bias_pointer = bias.data_ptr() if bias is not None else None
+    if scale is None:
+        kernel = lib.rowdot_f32 if weight.dtype == torch.float32 else lib.rowdot_bf16
+        kernel(x.data_ptr(), weight.data_ptr(), bias_pointer, y.data_ptr(), rows, out_features, in_features, threads)
+    else:
+        if scale.dtype != torch.float32 or not scale.is_contiguous():
+            scale = scale.to(torch.float32).contiguous()
+        lib.rowdot_i8(x.data_ptr(), weight.data_ptr(), scale.data_ptr(), bias_pointer, y.data_ptr(), rows,
+                      out_features, in_features, threads)
+    return y

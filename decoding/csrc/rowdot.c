@@ -166,18 +166,21 @@ void attention_scores(const float* q, const float* k, float* scores, int64_t G, 
 
 void attention_values(const float* w, const float* v, float* out, int64_t G, int64_t R, int64_t T, int64_t D,
                       int threads) {
+  /* Each value row is read once for all R query rows; every output element still sums over t in order. */
   #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t r = 0; r < R; ++r) {
-      float* o = out + (g * R + r) * D;
-      const float* wr = w + (g * R + r) * T;
-      for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
-      for (int64_t t = 0; t < T; ++t) {
-        const float* vt = v + (g * T + t) * D;
-        float a = wr[t];
-        for (int64_t d = 0; d < D; ++d) o[d] += a * vt[d];
+  for (int64_t g = 0; g < G; ++g) {
+    float* o = out + g * R * D;
+    const float* wg = w + g * R * T;
+    for (int64_t i = 0; i < R * D; ++i) o[i] = 0.f;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* vt = v + (g * T + t) * D;
+      for (int64_t r = 0; r < R; ++r) {
+        float a = wg[r * T + t];
+        float* orow = o + r * D;
+        for (int64_t d = 0; d < D; ++d) orow[d] += a * vt[d];
       }
     }
+  }
 }
 
 /* Build check: the caller compares this with the version it expects. */
