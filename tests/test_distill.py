@@ -201,7 +201,7 @@ def test_a_sentence_a_synthesiser_cannot_speak_is_left_out(tmp_path: Path, monke
 
 
 def test_a_draft_drafts_short_constant_rounds_unless_told_otherwise(tiny_whisper_folder: Path, tmp_path: Path) -> None:
-    from asr.assist.choose import DRAFT_SCHEDULE, make_assistant
+    from asr.assist.choose import draft_schedule, make_assistant
     from asr.assist.draft import save_draft
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
@@ -210,7 +210,7 @@ def test_a_draft_drafts_short_constant_rounds_unless_told_otherwise(tiny_whisper
     save_draft(DraftDecoder(bundle.model, [1]), bundle.model, tmp_path / "draft", model_name="tiny", training={})
     for spec in (str(tmp_path / "draft"), f"{tmp_path / 'draft'}:int8"):
         assistant = make_assistant(spec, bundle)
-        assert assistant.schedule == DRAFT_SCHEDULE == ("constant", 3)
-        assert TranscribeOptions().drafting(assistant.schedule) == ("constant", 3)
+        assert assistant.schedule == draft_schedule() in (("constant", 1), ("constant", 3))
+        assert TranscribeOptions().drafting(assistant.schedule) == draft_schedule()
         assert TranscribeOptions(schedule="heuristic", num_assistant_tokens=5).drafting(assistant.schedule) == \
             ("heuristic", 5)

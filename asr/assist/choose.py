@@ -62,7 +62,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     if spec == "auto":
         device_type = next(model_bundle.model.parameters()).device.type
         chosen = auto_assistant(device_type, model_bundle.source)
-        if chosen == "none" and device_type == "cpu" and not batched and not native_rows_allowed():
+        if chosen == "none" and device_type == "cpu" and not batched:
             chosen = shipped_draft_for(model_bundle.model) or chosen
         logger.info("--assistant auto chose %s", chosen)
         try:
@@ -89,7 +89,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
 
         draft = load_draft(folder, model_bundle.model)
         assistant = _in_precision(SharedEncoderAssistant(spec, draft), precision, spec)
-        assistant.schedule = DRAFT_SCHEDULE
+        assistant.schedule = draft_schedule()
         return assistant
     if is_decoder_only(name):
         assistant = load_decoder_assistant(name, model_bundle, device=device, dtype=compute_dtype(dtype))
@@ -109,9 +109,18 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
 
 # How a distilled draft drafts unless told otherwise (`--schedule`, `--num-assistant-tokens`): its steps are cheap
 # but it agrees on about three tokens in four, so short rounds of a constant length waste fewer steps than the
-# heuristic schedule, which grows k after every fully accepted round (docs/drafts.md: `base-draft:int8` on the
-# sonnets and VoxPopuli, 1.07x-1.25x greedy with k = 3 in three interleaved runs, 1.02x-1.03x with the heuristic).
-DRAFT_SCHEDULE = ("constant", 3)
+# heuristic schedule, which grows k after every fully accepted round (docs/drafts.md). Over oneDNN's steps
+# (`base-draft:int8` on the sonnets and VoxPopuli: 1.07x-1.25x greedy with k = 3 in three interleaved runs,
+# 1.02x-1.03x with the heuristic) rounds of 3; over decoding.native's, where a check of several tokens costs
+# more against a step, rounds of 1 (decoder 1.16x and 1.15x greedy's on long-form and the 65 English recordings,
+# against 1.06x and 1.08x with rounds of 3, in one interleaved run each).
+ONEDNN_DRAFT_SCHEDULE = ("constant", 3)
+NATIVE_DRAFT_SCHEDULE = ("constant", 1)
+
+
+def draft_schedule() -> tuple[str, int]:
+    """The schedule a distilled draft drafts with here (the one measured best for the kernels in use)."""
+    return NATIVE_DRAFT_SCHEDULE if native_rows_allowed() else ONEDNN_DRAFT_SCHEDULE
 
 # Drafts trained by `asr distill` and shipped with the package, by name (`--assistant base-draft`).
 DRAFTS_DIR = Path(__file__).resolve().parent / "drafts"
@@ -129,11 +138,11 @@ def shipped_drafts() -> dict[str, Path]:
 def shipped_draft_for(model: torch.nn.Module) -> str | None:
     """The int8 copy of a shipped draft trained for `model` (`base-draft:int8` for `base`), or None.
 
-    `auto` drafts with it on a CPU where no distil-whisper student exists and the model's steps run through
-    oneDNN: with constant rounds of 3 it was faster than plain greedy with the same words on every set measured
-    there (docs/drafts.md: 1.07x-1.25x on the sonnets and VoxPopuli, 1.15x on the 65 English WER recordings).
-    Over `decoding.native`'s products a float32 step costs ~0.75 of oneDNN's and the int8 draft's step hardly
-    less, and the draft broke even (decoder 0.93-1.04 of greedy's), so there `auto` decodes alone.
+    `auto` drafts with it on a CPU where no distil-whisper student exists (`draft_schedule`): over oneDNN's
+    steps, in constant rounds of 3, it was faster than plain greedy with the same words on every set measured
+    (docs/drafts.md: 1.07x-1.25x on the sonnets and VoxPopuli, 1.15x on the 65 English WER recordings); over
+    `decoding.native`'s, in rounds of 1 and with its own int8 products native, 1.11x and 1.03x (decoder 1.16x
+    and 1.15x).
     """
     from asr.assist.draft import check_draft
 
