@@ -12,9 +12,9 @@ The bound, for a row h and a head row w (hb, wb their bfloat16 roundings, `a` th
     |h.w - a| <= |h - hb| |w| + |hb| |w - wb| + gamma_d |hb| |wb| + 2^-8 (1 + 2^-7) |a|
 
 (Cauchy-Schwarz over the two roundings, float32 accumulation over d terms, and the product's rounding to
-bfloat16), with |w|, |w - wb|, |wb| the largest over the head's rows. A single row (a greedy step) goes through
-`decoding.native` where it is built: float32 h times the bfloat16 rows widened exactly, summed in float32, so
-only the weight's rounding and the accumulation remain:
+bfloat16), with |w|, |w - wb|, |wb| the largest over the head's rows. One or two rows (a greedy step, a check of
+one draft) go through `decoding.native` where it is built: float32 h times the bfloat16 rows widened exactly,
+summed in float32, so only the weight's rounding and the accumulation remain:
 
     |h.w - a| <= |h| |w - wb| + gamma_d |h| |wb|
 

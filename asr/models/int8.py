@@ -1,13 +1,13 @@
 """Weight-only int8 Linear layers for decoders on a CPU: the `--dtype int8` model's and the int8 drafts'.
 
 Each output row keeps its own scale (per-channel, as gpt-fast's int8 weight-only mode) and the activations
-stay in bfloat16 (the drafts': float32, below), so a copy agrees with the fp32 model more often than PyTorch's dynamic quantisation, which
-also rounds the activations to int8 with one scale per tensor. The kernel computes each row on its own: a row's
-result does not depend on the rows beside it, so checking drafts in one pass gives greedy decoding's numbers.
-For float32 activations (the int8 drafts, `asr.assist.assistants.low_precision_decoder`) and where
-`decoding.native` is built, that kernel is its `rowdot_i8` (the weights widened as they are read, sums in float32):
-at one row it reads the int8 weights about twice as fast as PyTorch's `_weight_int8pack_mm`. The `--dtype int8`
-model keeps bfloat16 activations and PyTorch's kernel (its words as measured in docs/precision.md).
+stay in float or bfloat16, so a copy agrees with the fp32 model more often than PyTorch's dynamic quantisation,
+which also rounds the activations to int8 with one scale per tensor. The kernel computes each row on its own: a
+row's result does not depend on the rows beside it, so checking drafts in one pass gives greedy decoding's
+numbers. For float32 activations (the `--dtype int8` model and the int8 drafts where `decoding.native` is built:
+`asr.models.precision.int8_activations`, `asr.assist.assistants.low_precision_decoder`) that kernel is native's
+`rowdot_i8` (the weights widened as they are read, sums in float32), which at one row reads the int8 weights
+about twice as fast as PyTorch's `_weight_int8pack_mm`, the kernel for bfloat16 activations.
 """
 
 from __future__ import annotations
