@@ -63,6 +63,17 @@ class Backend(Protocol):
         """Transcribes 16 kHz mono float32 samples; `language` None means detect."""
 
 
+def kernel_switches(kernels: str | None) -> contextlib.ExitStack:
+    """The `decoding.kernels` switches a configuration's `kernels=` names, as one context manager."""
+    from decoding.kernels import full_head, onednn_only, reference_kernels
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(reference_kernels(kernels == "aten"))
+    stack.enter_context(onednn_only(kernels == "onednn"))
+    stack.enter_context(full_head(kernels == "full-head"))
+    return stack
+
+
 class LibraryBackend:
     """`asr.longform.transcribe`, with or without an assistant."""
 
@@ -91,10 +102,8 @@ class LibraryBackend:
 
     def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
         from asr.longform import transcribe
-        from decoding.kernels import full_head, onednn_only, reference_kernels
 
-        kernels = self.config.kernels
-        with reference_kernels(kernels == "aten"), onednn_only(kernels == "onednn"), full_head(kernels == "full-head"):
+        with kernel_switches(self.config.kernels):
             transcript = transcribe(self.bundle, samples, replace(self.options, language=language), self.assistant)
         stats, generation = transcript.stats, transcript.stats.generation
         assisted = self.assistant is not None
@@ -258,31 +267,36 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, de
         ValueError: an assistant that does not exist or cannot work with the model (before any decoding).
     """
     from asr.assist.choose import make_assistant
-    from asr.models.precision import resolve_precision
+    from asr.models.precision import INT8, resolve_precision
     from asr.models.registry import load_model
     from eval.ctranslate2_backend import FasterWhisperBackend
 
-    assistants: dict[tuple[str, Any], Any] = {}
+    assistants: dict[tuple[str, Any, bool, bool], Any] = {}
     bundles: dict[str, Any] = {}
-    # The model in each precision a configuration asks for (the run's own is `bundle`).
-    models: dict[Any, Any] = {dtype: bundle}
+    # The model in each precision a configuration asks for (the run's own is `bundle`; int8 per kernel kind).
+    models: dict[tuple[Any, bool], Any] = {(dtype, False): bundle}
     backends: list[Backend] = []
     skipped: dict[str, str] = {}
     for config in configs:
         try:
             if config.kind in ("greedy", "assisted", "batched", "beam"):
                 precision = dtype if config.dtype is None else resolve_precision(config.dtype, device)
-                if precision not in models:
-                    models[precision] = load_model(model_name, device=device, dtype=precision)
-                model = models[precision]
-                assistant = None
-                if config.uses_assistant:
-                    batched = config.kind == "batched"  # `auto` depends on it
-                    key = (config.assistant, precision, batched)
-                    if key not in assistants:
-                        assistants[key] = make_assistant(config.assistant, model, device=device, dtype=precision,
-                                                         batched=batched)
-                    assistant = assistants[key]
+                # An int8 model's and an int8 draft's form depends on the kernels (float32 activations over
+                # decoding.native, else bfloat16): built under the configuration's switches, as it runs.
+                plain_kernels = config.kernels in ("aten", "onednn")
+                form = (precision, plain_kernels and precision == INT8)
+                with kernel_switches(config.kernels):
+                    if form not in models:
+                        models[form] = load_model(model_name, device=device, dtype=precision)
+                    model = models[form]
+                    assistant = None
+                    if config.uses_assistant:
+                        batched = config.kind == "batched"  # `auto` depends on it
+                        key = (config.assistant, form, batched, plain_kernels)
+                        if key not in assistants:
+                            assistants[key] = make_assistant(config.assistant, model, device=device,
+                                                             dtype=precision, batched=batched)
+                        assistant = assistants[key]
                 backends.append(LibraryBackend(config, model, assistant))
             elif config.kind in ("transformers", "transformers-assisted"):
                 assistant_bundle = None

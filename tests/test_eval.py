@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import jiwer
 import pytest
+import torch
 from click.testing import CliRunner
 
 from asr.cli.eval import eval_command
@@ -285,3 +286,20 @@ def test_faster_whisper_reads_the_joined_base_package(session_cache: Path) -> No
     decoded = backend.decode(load_audio(str(SAMPLES / "park.flac")), "en")
     assert normalize(decoded.text) == normalize("The sun was shining and the children were playing in the park.")
     assert decoded.generated_tokens and decoded.language == "en"
+
+
+def test_an_int8_configuration_is_built_under_its_kernels(tiny_whisper_folder: Path) -> None:
+    # The int8 model computes in float32 over decoding.native and in bfloat16 over PyTorch's kernel, so
+    # `kernels=onednn` gets a model of its own, built as it runs; the default run shares the model across configs.
+    from decoding.kernels import native_rows_allowed
+    from eval.backends import make_backends
+
+    configs = [parse_config("greedy,dtype=int8"), parse_config("greedy,dtype=int8,kernels=onednn"),
+               parse_config("greedy,dtype=int8,temperature=0.2")]
+    backends, skipped = make_backends(configs, str(tiny_whisper_folder), bundle=None, device="cpu", dtype=None,
+                                      threads=1)
+    assert not skipped
+    native_form, onednn_form, shared = (b.bundle.model.get_output_embeddings().scale.dtype for b in backends)
+    assert onednn_form == torch.bfloat16
+    assert native_form == shared == (torch.float32 if native_rows_allowed() else torch.bfloat16)
+    assert backends[0].bundle is backends[2].bundle and backends[0].bundle is not backends[1].bundle
