@@ -127,13 +127,12 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
 
     from asr.models.int8 import Int8Linear, dequantize_linears, quantize_linears
     from asr.models.offload import materialized
-    from decoding.kernels import native_rows_allowed
+    from asr.models.precision import int8_activations
 
-    dtype = {"int8": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    if precision == "int8" and native_rows_allowed():
-        # decoding.native multiplies int8 weights with float32 rows at the int8 weights' speed, so a draft's
-        # activations, norms and attention stay in float32, where a step's small operations cost least.
-        dtype = torch.float32
+    # An int8 copy computes as the int8 model does: in float32 over decoding.native's int8 products, where a
+    # step's small operations cost least, else in bfloat16 for PyTorch's int8 kernel.
+    dtype = {"int8": int8_activations(), "bf16": torch.bfloat16, "fp16": torch.float16,
+             "fp32": torch.float32}[precision]
     source = model.get_decoder()
     embedding = getattr(model, "shared_embedding", None)
     if embedding is None:

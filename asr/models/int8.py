@@ -54,21 +54,12 @@ class Int8Linear(torch.nn.Module):
             return linear(weight, bias)(flat.to(torch.bfloat16)).to(self.scale.dtype).view(
                 *x.shape[:-1], self.out_features)
         if self.scale.dtype == torch.float32 and flat.device.type == "cpu" and native_rows_allowed():
-            scale, bias = self._float32()
-            return native.rowdot(flat, self.weight, bias, scale).to(self.scale.dtype).view(
-                *x.shape[:-1], self.out_features)
+            # Scales, bias and rows are float32 already: nothing to convert.
+            return native.rowdot(flat, self.weight, self.bias, self.scale).view(*x.shape[:-1], self.out_features)
         y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
-
-    def _float32(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The scales and bias in float32 for `decoding.native` (converted once per tensor, not per call)."""
-        cached = getattr(self, "_native_operands", None)
-        if cached is None or cached[0] is not self.scale or cached[1] is not self.bias:
-            bias = None if self.bias is None else self.bias.float()
-            cached = self._native_operands = (self.scale, self.bias, self.scale.float(), bias)
-        return cached[2], cached[3]
 
     def to_linear(self) -> torch.nn.Linear:
         """A plain Linear with the dequantised weights, in the activations' dtype."""

@@ -1,8 +1,9 @@
 """Model precisions a user picks with `--dtype` (faster-whisper's `compute_type`), and the int8 model.
 
 `int8` is weight-only int8 for the decoder's linear layers and its output head (one scale per output row, the
-kernel of the `self:int8` drafts), with activations, norms, embeddings and the key/value buffers in bfloat16,
-and the encoder in bfloat16: its 1,500-row products are compute-bound, where int8 weights bring nothing and
+kernel of the `self:int8` drafts), with activations, norms and the key/value buffers in float32 where
+`decoding.native` is built, else bfloat16 (`int8_activations`), the token table in bfloat16, and the encoder in
+bfloat16: its 1,500-row products are compute-bound, where int8 weights bring nothing and
 bfloat16 (AVX512-BF16 / AMX) halves the time. Every int8 product is the same for a row whichever rows are
 computed with it, so assisted decoding checks drafts with the same numbers greedy decoding would produce.
 """
@@ -58,7 +59,8 @@ def load_dtype(precision: Precision) -> torch.dtype:
 
 
 def compute_dtype(precision: Precision) -> torch.dtype:
-    """The dtype of the activations: bfloat16 for int8."""
+    """The dtype a loaded assistant runs in beside a model of `precision`: bfloat16 for int8 (its encoder's dtype;
+    the int8 decoder's own activations are `int8_activations()`)."""
     return torch.bfloat16 if precision == INT8 else precision
 
 

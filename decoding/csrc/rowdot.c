@@ -49,9 +49,16 @@ static inline v16 weights_i8(const void* w, int64_t k) {
 #endif
 }
 
+/* The weight type, a constant wherever the functions below are inlined: 0 float32, 1 bfloat16, 2 int8. */
+enum { F32 = 0, BF16 = 1, I8 = 2 };
+
+static inline v16 weights(const void* w, int64_t k, int kind) {
+  return kind == F32 ? weights_f32(w, k) : kind == BF16 ? weights_bf16(w, k) : weights_i8(w, k);
+}
+
 static inline float weight_at(const void* w, int64_t k, int kind) {
-  if (kind == 0) return ((const float*)w)[k];
-  if (kind == 1) {
+  if (kind == F32) return ((const float*)w)[k];
+  if (kind == BF16) {
     uint32_t bits = (uint32_t)((const uint16_t*)w)[k] << 16;
     float f;
     memcpy(&f, &bits, 4);
@@ -67,16 +74,15 @@ static inline float lanes(v16 s) {
 }
 
 /* One dot product of a weight row with an activation row, in the order every caller shares: four 16-lane
- * accumulators over k, then their lanes, then the tail. `kind` and `load` are constants where it is inlined. */
-static inline __attribute__((always_inline)) float dot(const void* w, const float* x, int64_t K, int kind,
-                                                       v16 (*load)(const void*, int64_t)) {
+ * accumulators over k, then their lanes, then the tail. */
+static inline __attribute__((always_inline)) float dot(const void* w, const float* x, int64_t K, int kind) {
   int64_t body = K - K % 64;
   v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
   for (int64_t k = 0; k < body; k += 64) {
-    a0 += load(w, k) * load_f32(x + k);
-    a1 += load(w, k + 16) * load_f32(x + k + 16);
-    a2 += load(w, k + 32) * load_f32(x + k + 32);
-    a3 += load(w, k + 48) * load_f32(x + k + 48);
+    a0 += weights(w, k, kind) * load_f32(x + k);
+    a1 += weights(w, k + 16, kind) * load_f32(x + k + 16);
+    a2 += weights(w, k + 32, kind) * load_f32(x + k + 32);
+    a3 += weights(w, k + 48, kind) * load_f32(x + k + 48);
   }
   float t = lanes((a0 + a1) + (a2 + a3));
   /* fmaf: the tail's rounding is then the same for every weight type, whatever the compiler contracts. */
@@ -86,12 +92,12 @@ static inline __attribute__((always_inline)) float dot(const void* w, const floa
 
 /* Two dot products over one weight row, each in exactly dot()'s order (the same bits), reading the weight once. */
 static inline __attribute__((always_inline)) void dot2(const void* w, const float* x0, const float* x1, int64_t K,
-                                                       float* t0, float* t1, int kind,
-                                                       v16 (*load)(const void*, int64_t)) {
+                                                       float* t0, float* t1, int kind) {
   int64_t body = K - K % 64;
   v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
   for (int64_t k = 0; k < body; k += 64) {
-    v16 w0 = load(w, k), w1 = load(w, k + 16), w2 = load(w, k + 32), w3 = load(w, k + 48);
+    v16 w0 = weights(w, k, kind), w1 = weights(w, k + 16, kind), w2 = weights(w, k + 32, kind),
+        w3 = weights(w, k + 48, kind);
     a0 += w0 * load_f32(x0 + k);
     a1 += w1 * load_f32(x0 + k + 16);
     a2 += w2 * load_f32(x0 + k + 32);
@@ -119,36 +125,35 @@ static inline float finish(float t, const float* scale, const float* b, int64_t 
 /* y[m, n] = scale[n] * (x[m, :] . w[n, :]) + b[n] for every m, two rows at a time (scale, b optional). */
 static inline __attribute__((always_inline)) void row_products(const void* w, const float* x, const float* scale,
                                                                const float* b, float* y, int64_t n, int64_t M,
-                                                               int64_t N, int64_t K, int kind,
-                                                               v16 (*load)(const void*, int64_t)) {
+                                                               int64_t N, int64_t K, int kind) {
   int64_t m = 0;
   for (; m + 1 < M; m += 2) {
     float t0, t1;
-    dot2(w, x + m * K, x + (m + 1) * K, K, &t0, &t1, kind, load);
+    dot2(w, x + m * K, x + (m + 1) * K, K, &t0, &t1, kind);
     y[m * N + n] = finish(t0, scale, b, n);
     y[(m + 1) * N + n] = finish(t1, scale, b, n);
   }
-  if (m < M) y[m * N + n] = finish(dot(w, x + m * K, K, kind, load), scale, b, n);
+  if (m < M) y[m * N + n] = finish(dot(w, x + m * K, K, kind), scale, b, n);
 }
 
 /* Each thread streams its own contiguous block of weight rows once. */
 void rowdot_f32(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                 int threads) {
   #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t n = 0; n < N; ++n) row_products(w + n * K, x, NULL, b, y, n, M, N, K, 0, weights_f32);
+  for (int64_t n = 0; n < N; ++n) row_products(w + n * K, x, NULL, b, y, n, M, N, K, F32);
 }
 
 void rowdot_bf16(const float* x, const uint16_t* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                  int threads) {
   #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t n = 0; n < N; ++n) row_products(w + n * K, x, NULL, b, y, n, M, N, K, 1, weights_bf16);
+  for (int64_t n = 0; n < N; ++n) row_products(w + n * K, x, NULL, b, y, n, M, N, K, BF16);
 }
 
 /* Weight-only int8 with one scale per output row: y = scale[n] * (x . w_int8[n]) + b[n]. */
 void rowdot_i8(const float* x, const int8_t* w, const float* scale, const float* b, float* y, int64_t M, int64_t N,
                int64_t K, int threads) {
   #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t n = 0; n < N; ++n) row_products(w + n * K, x, scale, b, y, n, M, N, K, 2, weights_i8);
+  for (int64_t n = 0; n < N; ++n) row_products(w + n * K, x, scale, b, y, n, M, N, K, I8);
 }
 
 /* Attention of a few query rows over many keys, per group g of G (a window's head), all float32 and contiguous:
@@ -161,7 +166,7 @@ void attention_scores(const float* q, const float* k, float* scores, int64_t G, 
   for (int64_t g = 0; g < G; ++g)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t r = 0; r < R; ++r)
-        scores[(g * R + r) * T + t] = dot(k + (g * T + t) * D, q + (g * R + r) * D, D, 0, weights_f32);
+        scores[(g * R + r) * T + t] = dot(k + (g * T + t) * D, q + (g * R + r) * D, D, F32);
 }
 
 void attention_values(const float* w, const float* v, float* out, int64_t G, int64_t R, int64_t T, int64_t D,
