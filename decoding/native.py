@@ -33,7 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
-VERSION = 2
+VERSION = 3
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
 MAX_ROWS = 4
@@ -71,8 +71,8 @@ def _build(compiler: str, target: Path) -> None:
     handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(handle)
     try:
-        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o",
-                        temporary], check=True, capture_output=True, timeout=120)
+        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-lm",
+                        "-o", temporary], check=True, capture_output=True, timeout=120)
         os.replace(temporary, target)
     finally:
         if os.path.exists(temporary):
@@ -113,7 +113,34 @@ def library() -> ctypes.CDLL | None:
         function = getattr(lib, name)
         function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int]
         function.restype = None
+    lib.draft_step.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4
+                               + [ctypes.c_int64, ctypes.c_int])
+    lib.draft_step.restype = None
     return lib
+
+
+# The structures `draft_step` reads (csrc/rowdot.c): a decoder's weights as pointers, built once per window.
+WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+
+
+class StepLinear(ctypes.Structure):
+    _fields_ = [("w", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n", ctypes.c_int64),
+                ("k", ctypes.c_int64), ("kind", ctypes.c_int64)]
+
+
+class StepLayer(ctypes.Structure):
+    _fields_ = [("norm_self_w", ctypes.c_void_p), ("norm_self_b", ctypes.c_void_p), ("qkv", StepLinear),
+                ("out", StepLinear), ("norm_cross_w", ctypes.c_void_p), ("norm_cross_b", ctypes.c_void_p),
+                ("cross_q", StepLinear), ("cross_out", StepLinear), ("cross_k", ctypes.c_void_p),
+                ("cross_v", ctypes.c_void_p), ("norm_ffn_w", ctypes.c_void_p), ("norm_ffn_b", ctypes.c_void_p),
+                ("fc1", StepLinear), ("fc2", StepLinear)]
+
+
+class StepModel(ctypes.Structure):
+    _fields_ = [("layers", ctypes.c_int64), ("d", ctypes.c_int64), ("heads", ctypes.c_int64),
+                ("frames", ctypes.c_int64), ("ffn", ctypes.c_int64), ("capacity", ctypes.c_int64),
+                ("eps", ctypes.c_float), ("layer", ctypes.POINTER(StepLayer)), ("embed_tokens", ctypes.c_void_p),
+                ("embed_positions", ctypes.c_void_p), ("norm_w", ctypes.c_void_p), ("norm_b", ctypes.c_void_p)]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

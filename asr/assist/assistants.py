@@ -26,6 +26,9 @@ from decoding.universal import CrossTokenizerDraft
 
 # Precisions of a drafting copy of a decoder: `self:int8`, `tiny.en:bf16`, ...
 PRECISIONS = ("bf16", "int8", "fp16", "fp32")
+# An int8 drafting copy whose layers hold at most this many bytes of int8 weights (base's whole decoder, 25 MB;
+# a distilled draft, a few) also keeps them in bfloat16 for its prompt pass and encoder-output products.
+KEEP_DEQUANTIZED_BYTES = 32 * 2 ** 20
 
 
 class SharedEncoderAssistant:
@@ -45,7 +48,7 @@ class SharedEncoderAssistant:
             encoder_output = encoder_output.to(self.dtype)
 
         # Cross-attention keys and values once per window; temperature fallbacks take their rows.
-        decoder = WhisperDecoderAdapter(self.decoder_model, encoder_output)
+        decoder = WhisperDecoderAdapter(self.decoder_model, encoder_output, drafting=True)
 
         def make_draft(rows: list[int]) -> DraftSource:
             return AssistantDraft(decoder.rows(rows), row_filters=[windows[r].filters for r in rows])
@@ -73,7 +76,7 @@ class FullAssistant:
         if self.bundle.n_mels != features.shape[1]:
             raise ValueError(f"assistant {self.name} expects {self.bundle.n_mels} mel bins, the model {features.shape[1]}")
         # Its own encoder runs once per window; every temperature fallback reuses the result.
-        decoder = WhisperDecoderAdapter(self.decoder_model, encode(self.bundle.model, features))
+        decoder = WhisperDecoderAdapter(self.decoder_model, encode(self.bundle.model, features), drafting=True)
         seconds = time.perf_counter() - start
         if self.same_tokenizer:
             def make_draft(rows: list[int]) -> DraftSource:
@@ -159,6 +162,10 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
         head_copy.weight = torch.nn.Parameter(head.weight.detach().to(dtype), requires_grad=False)
         if head.bias is not None:
             head_copy.bias = torch.nn.Parameter(head.bias.detach().to(dtype), requires_grad=False)
+    int8_layers = [m for m in decoder.layers.modules() if isinstance(m, Int8Linear)]
+    if sum(m.weight.numel() for m in int8_layers) <= KEEP_DEQUANTIZED_BYTES:
+        for linear in int8_layers:
+            linear.keep_dequantized()
     copied = DecoderCopy(decoder, head_copy, model.config)
     copied.shared_embedding = embedding.detach()
     return copied, dtype

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from asr.models.offload import offload_store
+from asr.whisper.draft_step import NativeDraftStep
 from decoding.causal_lm import layer_norm_fn, linear_fn
 from decoding.kernels import Attention, linear, prompt_pass
 from decoding.kv_cache import StaticKVCache, causal_mask
@@ -30,8 +31,14 @@ class WhisperDecoderAdapter:
     style) and the low-precision decoder copies (bf16, int8 linears, fused projections) alike.
     """
 
-    def __init__(self, model: torch.nn.Module, encoder_output: torch.Tensor, capacity: int = 256) -> None:
+    def __init__(self, model: torch.nn.Module, encoder_output: torch.Tensor, capacity: int = 256,
+                 drafting: bool = False) -> None:
         decoder = model.get_decoder()
+        # An assistant's steps need not be its own last bits (the model checks what it proposes): they may run as
+        # one native call (`asr.whisper.draft_step`), built at the first step that can use it.
+        self.model = model
+        self.drafting = drafting
+        self._native_step: NativeDraftStep | None | bool = None
         # Offloaded layers (asr.models.offload) are planned per pass, over weights fetched just before they run.
         self.store = offload_store(model)
         offloaded = self.store.layers if self.store is not None else {}
@@ -89,17 +96,28 @@ class WhisperDecoderAdapter:
         start = cache.length
         end = start + width
         cache.ensure(end)
-        if position_ids is None:
-            position_ids = torch.arange(start, end, device=self.device).expand(batch, width)
+        if self.drafting and start > 0 and attention_mask is None and position_ids is None:
+            step = self._drafting_step()
+            if step is not None and step.applies(cache, width):  # causal over the new tokens, as below
+                hidden = step(input_ids, cache, start, num_logits)
+                cache.length = end
+                return self.proj_out(hidden[None]).float()
         if self.span is not None:
             attention_mask = _over_span(attention_mask, start, width, self.span, self.device)
         elif attention_mask is None and width > 1:
             attention_mask = causal_mask(start, width, self.device)
+        if position_ids is None:
+            position_ids = torch.arange(start, end, device=self.device).expand(batch, width)
         x = F.embedding(input_ids, self.embed_tokens).to(self.dtype) + self.embed_positions[position_ids]
         with prompt_pass(start == 0):
             x = self._layers(x, cache, start, width, batch, attention_mask)
         cache.length = end
         return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
+
+    def _drafting_step(self) -> NativeDraftStep | None:
+        if self._native_step is None:
+            self._native_step = NativeDraftStep.for_adapter(self, self.model) or False
+        return self._native_step or None
 
     def _layers(self, x: torch.Tensor, cache: StaticKVCache, start: int, width: int, batch: int,
                 attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -130,6 +148,7 @@ class WhisperDecoderAdapter:
         subset = copy.copy(self)
         if indices != list(range(self.batch_size)):
             index = torch.tensor(indices, device=self.device)
+            subset._native_step = None  # built over these windows' keys and values
             subset.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
         return subset
 
@@ -150,6 +169,7 @@ class WhisperDecoderAdapter:
     def select(self, cache: StaticKVCache, rows: torch.Tensor) -> None:
         cache.select(rows)
         self.cross = [(k[rows], v[rows]) for k, v in self.cross]
+        self._native_step = None
 
     def select_cache(self, cache: StaticKVCache, rows: torch.Tensor) -> None:
         """`select` where every new row reads the same window as the row now in its place (beams of one window
