@@ -33,7 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
-VERSION = 3
+VERSION = 4
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
 MAX_ROWS = 4
@@ -113,13 +113,13 @@ def library() -> ctypes.CDLL | None:
         function = getattr(lib, name)
         function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int]
         function.restype = None
-    lib.draft_step.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4
+    lib.decoder_step.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4
                                + [ctypes.c_int64, ctypes.c_int])
-    lib.draft_step.restype = None
+    lib.decoder_step.restype = None
     return lib
 
 
-# The structures `draft_step` reads (csrc/rowdot.c): a decoder's weights as pointers, built once per window.
+# The structures `decoder_step` reads (csrc/rowdot.c): a decoder's weights as pointers, built once per window.
 WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 
@@ -139,6 +139,7 @@ class StepLayer(ctypes.Structure):
 class StepModel(ctypes.Structure):
     _fields_ = [("layers", ctypes.c_int64), ("d", ctypes.c_int64), ("heads", ctypes.c_int64),
                 ("frames", ctypes.c_int64), ("ffn", ctypes.c_int64), ("capacity", ctypes.c_int64),
+                ("cross_kind", ctypes.c_int64),
                 ("eps", ctypes.c_float), ("layer", ctypes.POINTER(StepLayer)), ("embed_tokens", ctypes.c_void_p),
                 ("embed_positions", ctypes.c_void_p), ("norm_w", ctypes.c_void_p), ("norm_b", ctypes.c_void_p)]
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from asr.models.offload import offload_store
-from asr.whisper.draft_step import NativeDraftStep
+from asr.whisper.native_step import NativeStep
 from decoding.causal_lm import layer_norm_fn, linear_fn
 from decoding.kernels import Attention, linear, prompt_pass
 from decoding.kv_cache import StaticKVCache, causal_mask
@@ -34,11 +34,11 @@ class WhisperDecoderAdapter:
     def __init__(self, model: torch.nn.Module, encoder_output: torch.Tensor, capacity: int = 256,
                  drafting: bool = False) -> None:
         decoder = model.get_decoder()
-        # An assistant's steps need not be its own last bits (the model checks what it proposes): they may run as
-        # one native call (`asr.whisper.draft_step`), built at the first step that can use it.
+        # Steps after the prompt may run as one native call (`asr.whisper.native_step`), built at the first step
+        # that can use it; a drafting copy's reads its cross-attention in bfloat16 (the model checks its tokens).
         self.model = model
         self.drafting = drafting
-        self._native_step: NativeDraftStep | None | bool = None
+        self._native_step: NativeStep | None | bool = None
         # Offloaded layers (asr.models.offload) are planned per pass, over weights fetched just before they run.
         self.store = offload_store(model)
         offloaded = self.store.layers if self.store is not None else {}
@@ -96,8 +96,8 @@ class WhisperDecoderAdapter:
         start = cache.length
         end = start + width
         cache.ensure(end)
-        if self.drafting and start > 0 and attention_mask is None and position_ids is None:
-            step = self._drafting_step()
+        if start > 0 and attention_mask is None and position_ids is None:
+            step = self._step()
             if step is not None and step.applies(cache, width):  # causal over the new tokens, as below
                 hidden = step(input_ids, cache, start, num_logits)
                 cache.length = end
@@ -114,9 +114,9 @@ class WhisperDecoderAdapter:
         cache.length = end
         return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
 
-    def _drafting_step(self) -> NativeDraftStep | None:
+    def _step(self) -> NativeStep | None:
         if self._native_step is None:
-            self._native_step = NativeDraftStep.for_adapter(self, self.model) or False
+            self._native_step = NativeStep.for_adapter(self, self.model, self.drafting) or False
         return self._native_step or None
 
     def _layers(self, x: torch.Tensor, cache: StaticKVCache, start: int, width: int, batch: int,

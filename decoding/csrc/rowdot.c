@@ -192,14 +192,18 @@ void attention_values(const float* w, const float* v, float* out, int64_t G, int
   }
 }
 
-/* ---- A whole decoder step of a draft in one call ----------------------------------------------------------------
+/* ---- A whole decoder step in one call -------------------------------------------------------------------------
  *
- * A draft's step (two layers of base: 7 MB of int8 weights) runs ~50 small operations, each costing more in
- * dispatch than in arithmetic, so its pass took 1.4 ms in decoding where reading its weights takes a fraction of
- * that. draft_step runs the layers of a Whisper decoder (pre-norm self-attention over the cache, cross-attention
- * over the encoder frames, GELU MLP) and the final norm for a few new tokens in one parallel region. A draft only
- * proposes tokens that the model then checks, so nothing here needs a model step's bits: sums are reduced as a
- * tree and the cross-attention keys and values are read in bfloat16 (half the bytes of a step). */
+ * A decoder step of a few rows runs ~50 small operations (a draft's two layers, a model's six), each costing
+ * more in dispatch than its arithmetic: base-draft:int8's pass took 1.4 ms in decoding where reading its weights
+ * takes a fraction of that, and base's ~1 ms more than its products and attention. decoder_step runs the layers of
+ * a Whisper decoder (pre-norm self-attention over the cache, cross-attention over the encoder frames, GELU MLP)
+ * and the final norm for a few new tokens in one parallel region. Every row is computed on its own, in one fixed
+ * order whatever the row count (products by dot(), attention and norms row by row), so a check of drafts gives
+ * each row a one-token step's bits. A draft may read the cross-attention keys and values in bfloat16 (half the
+ * bytes of its step): it only proposes tokens that the model then checks. */
+
+enum { MAX_ROWS = 4 }; /* decoding/native.py's MAX_ROWS */
 
 typedef struct {
   const void* w;       /* [n, k] float32, bfloat16 or int8 (kind) */
@@ -214,13 +218,14 @@ typedef struct {
   step_linear qkv, out;  /* qkv: the fused query, key and value projections, [3 d, d] */
   const float *norm_cross_w, *norm_cross_b;
   step_linear cross_q, cross_out;
-  const uint16_t *cross_k, *cross_v;  /* bfloat16 [heads, frames, head_dim] */
+  const void *cross_k, *cross_v;  /* [heads, frames, head_dim], float32 or bfloat16 (the model's cross_kind) */
   const float *norm_ffn_w, *norm_ffn_b;
   step_linear fc1, fc2;
 } step_layer;
 
 typedef struct {
   int64_t layers, d, heads, frames, ffn, capacity;
+  int64_t cross_kind; /* F32 or BF16 */
   float eps;
   const step_layer* layer;
   const float *embed_tokens, *embed_positions;  /* float32 [vocab, d], [positions, d] */
@@ -270,36 +275,43 @@ static void softmax_row(float* s, int64_t n) {
 }
 
 /* out[r] = softmax(q[r] . keys / sqrt(hd)) . values for one head: keys and values [count, hd], float32 or
- * bfloat16 (kind); row r sees the first visible + r keys (causal over the new rows; all of them when causal = 0). */
-static void attend(const float* q, int64_t q_stride, const void* keys, const void* values, int64_t count,
-                   int64_t visible, int causal, int kind, int64_t hd, int64_t rows, float* scores, float* out,
-                   int64_t out_stride) {
+ * bfloat16 (kind); row r sees the first visible + r keys (causal over the new rows; all of them when causal = 0).
+ * The rows (at most MAX_ROWS) share one pass over the keys and one over the values; each row's sums run in the
+ * same order whatever the row count. `scores` holds rows * stride floats. */
+static inline __attribute__((always_inline)) void attend(const float* q, int64_t q_stride, const void* keys,
+                                                         const void* values, int64_t count, int64_t visible,
+                                                         int causal, int kind, int64_t hd, int64_t rows,
+                                                         float* scores, int64_t stride, float* out,
+                                                         int64_t out_stride) {
   float scale = 1.f / sqrtf((float)hd);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* qr = q + r * q_stride;
-    int64_t seen = causal ? visible + r : count;
-    for (int64_t t = 0; t < seen; ++t) {
+  int64_t last = causal ? visible + rows - 1 : count;  /* the keys the last row sees */
+  for (int64_t t = 0; t < last; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (causal && t >= visible + r) continue;
+      const float* qr = q + r * q_stride;
       v16 a = {0};
       for (int64_t k = 0; k < hd; k += 16) a += weights(keys, t * hd + k, kind) * load_f32(qr + k);
-      scores[t] = hsum(a) * scale;
+      scores[r * stride + t] = hsum(a) * scale;
     }
-    softmax_row(scores, seen);
-    float* o = out + r * out_stride;
-    for (int64_t k = 0; k < hd; k += 16) {
-      v16 a = {0};
-      for (int64_t t = 0; t < seen; ++t) a += scores[t] * weights(values, t * hd + k, kind);
-      memcpy(o + k, &a, sizeof a);
+  for (int64_t r = 0; r < rows; ++r) softmax_row(scores + r * stride, causal ? visible + r : count);
+  for (int64_t k = 0; k < hd; k += 16) {
+    v16 a[MAX_ROWS] = {{0}};
+    for (int64_t t = 0; t < last; ++t) {
+      v16 w = weights(values, t * hd + k, kind);
+      for (int64_t r = 0; r < rows; ++r)
+        if (!causal || t < visible + r) a[r] += scores[r * stride + t] * w;
     }
+    for (int64_t r = 0; r < rows; ++r) memcpy(out + r * out_stride + k, &a[r], sizeof a[r]);
   }
 }
 
 static float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
 
-/* One step of a draft over `rows` new tokens `ids` at positions start.. (its cache filled up to start): writes the
+/* One step of a decoder over `rows` new tokens `ids` at positions start.. (its cache filled up to start): writes the
  * new keys and values into `keys`/`values` ([layers, heads, capacity, head_dim] float32) and the final-normed
  * hidden states of the last `outputs` rows into `out` [outputs, d]. `scratch` holds
- * rows * (6 d + ffn) + threads * max(frames, capacity) floats. Head dims must be multiples of 16. */
-void draft_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t start, float* keys, float* values,
+ * rows * (6 d + ffn + threads * max(frames, capacity)) floats. At most MAX_ROWS rows; head dims multiples of 16. */
+void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t start, float* keys, float* values,
                 float* scratch, float* out, int64_t outputs, int threads) {
   const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, T = m->frames;
   float* x = scratch;                 /* [rows, d] the residual stream */
@@ -315,7 +327,7 @@ void draft_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t s
   #pragma omp parallel num_threads(threads)
   {
 #if defined(_OPENMP)
-    float* scores = score_base + omp_get_thread_num() * score_len;
+    float* scores = score_base + omp_get_thread_num() * rows * score_len;
 #else
     float* scores = score_base;
 #endif
@@ -335,7 +347,7 @@ void draft_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t s
       #pragma omp for schedule(static)
       for (int64_t g = 0; g < H; ++g)
         attend(qkv + g * hd, 3 * d, lk + g * cap * hd, lv + g * cap * hd, start + rows, start + 1, 1, F32, hd,
-               rows, scores, a + g * hd, d);
+               rows, scores, score_len, a + g * hd, d);
       step_product(&L->out, a, h, rows);
       #pragma omp single
       {
@@ -344,9 +356,14 @@ void draft_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t s
       }
       step_product(&L->cross_q, h, qkv, rows);  /* queries in qkv's first rows * d floats, row stride d */
       #pragma omp for schedule(static)
-      for (int64_t g = 0; g < H; ++g)
-        attend(qkv + g * hd, d, L->cross_k + g * T * hd, L->cross_v + g * T * hd, T, 0, 0, BF16, hd, rows, scores,
-               a + g * hd, d);
+      for (int64_t g = 0; g < H; ++g) {
+        if (m->cross_kind == BF16)
+          attend(qkv + g * hd, d, (const uint16_t*)L->cross_k + g * T * hd, (const uint16_t*)L->cross_v + g * T * hd,
+                 T, 0, 0, BF16, hd, rows, scores, score_len, a + g * hd, d);
+        else
+          attend(qkv + g * hd, d, (const float*)L->cross_k + g * T * hd, (const float*)L->cross_v + g * T * hd, T, 0,
+                 0, F32, hd, rows, scores, score_len, a + g * hd, d);
+      }
       step_product(&L->cross_out, a, h, rows);
       #pragma omp single
       {
@@ -365,4 +382,4 @@ void draft_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t s
 }
 
 /* Build check: the caller compares this with the version it expects. */
-int rowdot_version(void) { return 3; }
+int rowdot_version(void) { return 4; }

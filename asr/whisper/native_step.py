@@ -1,11 +1,13 @@
-"""A drafting decoder's step in one native call (`decoding.native`'s `draft_step`).
+"""A decoder's step of a few tokens in one native call (`decoding.native`'s `decoder_step`).
 
-A draft of two layers runs some fifty small operations a step, and on a CPU each costs more in dispatch than in
-arithmetic: base-draft:int8's pass took 1.4 ms in decoding against well under a millisecond of reading its
-weights. An assistant's logits need not be its own last bits (the model checks every token it proposes), so its
-steps after the prompt can run as one C function over the same weights and cache: the layers, the cache writes
-and the final norm, with the cross-attention keys and values read in bfloat16. The prompt pass, the head and
-everything else stay as they are.
+A decoder step runs some fifty small operations, and on a CPU each costs more in dispatch than in arithmetic:
+base-draft:int8's pass took 1.4 ms in decoding against well under a millisecond of reading its weights, and base's
+step ~1 ms more than its products and attention. After the prompt, a float32 (or int8-weight) decoder's steps of
+one window can run as one C function over the same weights and cache: the layers, the cache writes and the final
+norm, every row computed on its own in one fixed order (a check of drafts gives each row a one-token step's bits).
+A drafting copy reads its cross-attention keys and values in bfloat16 (its logits need not be its own last bits:
+the model checks every token it proposes); a model keeps them in float32. The prompt pass, the head and every
+other pass stay as they are.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def _tensor(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
 
 
 def _linear(module: Any, keep: list[torch.Tensor]) -> native.StepLinear | None:
-    """The product's weights as `draft_step` reads them: int8 with float32 scales, or float32; else None."""
+    """The product's weights as `decoder_step` reads them: int8 with float32 scales, or float32; else None."""
     if isinstance(module, Int8Linear):
         if module.scale.dtype != torch.float32 or module.weight.device.type != "cpu":
             return None
@@ -49,20 +51,26 @@ def _linear(module: Any, keep: list[torch.Tensor]) -> native.StepLinear | None:
 
 
 def _fused_qkv(attention: Any, keep: list[torch.Tensor]) -> native.StepLinear | None:
-    """The query, key and value projections as one product (the drafting copies fuse them already)."""
+    """The query, key and value projections as one product (the drafting copies fuse them already; a model's are
+    joined once and kept on the module while its weights stay as they are)."""
     fused = getattr(attention, "qkv_proj", None)
     if fused is not None:
         return _linear(fused, keep)
     q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
     if not all(type(p) is type(q) for p in (k, v)) or isinstance(q, Int8Linear) or q.weight.dtype != torch.float32:
         return None
-    joined = torch.nn.Linear(q.in_features, 3 * q.out_features)
-    with torch.no_grad():
-        joined.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
+    parts = [t for p in (q, k, v) for t in (p.weight, p.bias) if t is not None]
+    key = tuple((t.data_ptr(), t._version) for t in parts)
+    cached = attention.__dict__.get("_native_qkv")
+    if cached is None or cached[0] != key:
         zeros = torch.zeros(q.out_features)
-        joined.bias.copy_(torch.cat([q.bias if q.bias is not None else zeros, k.bias if k.bias is not None else zeros,
-                                     v.bias if v.bias is not None else zeros]))
-    return _linear(joined, keep)
+        with torch.no_grad():
+            weight = torch.cat([q.weight, k.weight, v.weight]).detach()
+            bias = torch.cat([p.bias.detach() if p.bias is not None else zeros for p in (q, k, v)])
+        cached = attention.__dict__["_native_qkv"] = (key, torch.nn.Linear(q.in_features, 3 * q.out_features,
+                                                                           device="meta"))
+        cached[1].weight, cached[1].bias = torch.nn.Parameter(weight, False), torch.nn.Parameter(bias, False)
+    return _linear(cached[1], keep)
 
 
 def _norm(norm: Any, keep: list[torch.Tensor]) -> tuple[int, int] | None:
@@ -71,9 +79,9 @@ def _norm(norm: Any, keep: list[torch.Tensor]) -> tuple[int, int] | None:
     return _tensor(norm.weight.detach().contiguous(), keep), _tensor(norm.bias.detach().contiguous(), keep)
 
 
-class NativeDraftStep:
-    """`step(input_ids, cache, num_logits)`: the final-normed hidden states `[num_logits, d]` of a one-window
-    drafting decoder's pass over a few new tokens, its keys and values written into `cache` as the adapter's own
+class NativeStep:
+    """`step(input_ids, cache, start, num_logits)`: the final-normed hidden states `[num_logits, d]` of a
+    one-window decoder's pass over a few new tokens, its keys and values written into `cache` as the adapter's own
     pass writes them. Build with `for_adapter`."""
 
     def __init__(self, model: native.StepModel, layers: Any, keep: list[torch.Tensor], frames: int,
@@ -86,10 +94,12 @@ class NativeDraftStep:
         self.scratch = torch.empty(0)
 
     @staticmethod
-    def for_adapter(adapter: Any, model: torch.nn.Module) -> "NativeDraftStep | None":
-        """The native step for `adapter` (a `WhisperDecoderAdapter` over one window of `model`), or None where
-        it does not apply: no native kernels (or `onednn_only()`), another device, an offloaded or not-float32
-        decoder, a product in another form, an activation other than GELU, head sizes not a multiple of 16."""
+    def for_adapter(adapter: Any, model: torch.nn.Module, drafting: bool) -> "NativeStep | None":
+        """The native step for `adapter` (a `WhisperDecoderAdapter` over one window of `model`; a `drafting`
+        copy's reads its cross-attention keys and values in bfloat16), or None where it does not apply: no native
+        kernels (or `onednn_only()`, `reference_kernels()`), another device, an offloaded or not-float32 decoder,
+        self-attention over a fixed span (the int8 model's), a product in another form, an activation other than
+        GELU, head sizes not a multiple of 16."""
         if native.library() is None or not native_rows_allowed() or adapter.device.type != "cpu" \
                 or adapter.store is not None or adapter.span is not None or adapter.batch_size != 1 \
                 or adapter.dtype != torch.float32 or adapter.kv_dtype != torch.float32 \
@@ -98,6 +108,7 @@ class NativeDraftStep:
         config = model.config
         if getattr(config, "activation_function", "gelu") != "gelu":
             return None
+        cross_dtype = torch.bfloat16 if drafting else torch.float32
         decoder = model.get_decoder()
         keep: list[torch.Tensor] = []
         layers = (native.StepLayer * len(decoder.layers))()
@@ -120,21 +131,21 @@ class NativeDraftStep:
                 setattr(entry, f"{name}_b", parts[name][1])
             for name in ("qkv", "out", "cross_q", "cross_out", "fc1", "fc2"):
                 setattr(entry, name, parts[name])
-            # Half the bytes a step reads; a draft does not miss the rounding.
-            entry.cross_k = _tensor(keys[0].to(torch.bfloat16).contiguous(), keep)
-            entry.cross_v = _tensor(values[0].to(torch.bfloat16).contiguous(), keep)
+            # Half the bytes a draft's step reads; a draft does not miss the rounding.
+            entry.cross_k = _tensor(keys[0].to(cross_dtype).contiguous(), keep)
+            entry.cross_v = _tensor(values[0].to(cross_dtype).contiguous(), keep)
         final = _norm(decoder.layer_norm, keep)
         if final is None:
             return None
         frames = adapter.cross[0][0].shape[-2]
         step = native.StepModel(
             layers=len(decoder.layers), d=config.d_model, heads=adapter.heads, frames=frames,
-            ffn=config.decoder_ffn_dim, capacity=0, eps=adapter.eps,
+            ffn=config.decoder_ffn_dim, capacity=0, cross_kind=native.WEIGHT_KINDS[cross_dtype], eps=adapter.eps,
             layer=ctypes.cast(layers, ctypes.POINTER(native.StepLayer)),
             embed_tokens=_tensor(adapter.embed_tokens.detach().contiguous(), keep),
             embed_positions=_tensor(adapter.embed_positions.detach().contiguous(), keep),
             norm_w=final[0], norm_b=final[1])
-        return NativeDraftStep(step, layers, keep, frames, native.MAX_ROWS)
+        return NativeStep(step, layers, keep, frames, native.MAX_ROWS)
 
     def applies(self, cache: StaticKVCache, width: int) -> bool:
         """Whether a pass of `width` new tokens over `cache` can run here (one row, contiguous buffers)."""
@@ -148,12 +159,12 @@ class NativeDraftStep:
         threads = torch.get_num_threads()
         model = self.model
         d = model.d
-        needed = width * (6 * d + model.ffn) + threads * max(self.frames, capacity)
+        needed = width * (6 * d + model.ffn + threads * max(self.frames, capacity))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
         model.capacity = capacity
         out = torch.empty(num_logits, d)
-        native.library().draft_step(ctypes.addressof(model), ids.data_ptr(), width, start, cache.keys.data_ptr(),
+        native.library().decoder_step(ctypes.addressof(model), ids.data_ptr(), width, start, cache.keys.data_ptr(),
                                     cache.values.data_ptr(), self.scratch.data_ptr(), out.data_ptr(), num_logits,
                                     threads)
         return out
