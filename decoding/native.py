@@ -33,7 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
-VERSION = 4
+VERSION = 5
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
 MAX_ROWS = 4
@@ -129,8 +129,8 @@ class StepLinear(ctypes.Structure):
 
 
 class StepLayer(ctypes.Structure):
-    _fields_ = [("norm_self_w", ctypes.c_void_p), ("norm_self_b", ctypes.c_void_p), ("qkv", StepLinear),
-                ("out", StepLinear), ("norm_cross_w", ctypes.c_void_p), ("norm_cross_b", ctypes.c_void_p),
+    _fields_ = [("norm_self_w", ctypes.c_void_p), ("norm_self_b", ctypes.c_void_p), ("q", StepLinear),
+                ("k", StepLinear), ("v", StepLinear), ("out", StepLinear), ("norm_cross_w", ctypes.c_void_p), ("norm_cross_b", ctypes.c_void_p),
                 ("cross_q", StepLinear), ("cross_out", StepLinear), ("cross_k", ctypes.c_void_p),
                 ("cross_v", ctypes.c_void_p), ("norm_ffn_w", ctypes.c_void_p), ("norm_ffn_b", ctypes.c_void_p),
                 ("fc1", StepLinear), ("fc2", StepLinear)]

@@ -30,47 +30,39 @@ def _tensor(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
     return t.data_ptr()
 
 
+def _product(weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+             keep: list[torch.Tensor]) -> native.StepLinear | None:
+    if weight.device.type != "cpu" or weight.dtype not in native.WEIGHT_KINDS or \
+            any(t is not None and t.dtype != torch.float32 for t in (scale, bias)):
+        return None
+    weight = weight.detach().contiguous()
+    out_features, in_features = weight.shape
+    return native.StepLinear(_tensor(weight, keep), _tensor(scale.contiguous() if scale is not None else None, keep),
+                             _tensor(bias.detach().contiguous() if bias is not None else None, keep), out_features,
+                             in_features, native.WEIGHT_KINDS[weight.dtype])
+
+
 def _linear(module: Any, keep: list[torch.Tensor]) -> native.StepLinear | None:
     """The product's weights as `decoder_step` reads them: int8 with float32 scales, or float32; else None."""
     if isinstance(module, Int8Linear):
-        if module.scale.dtype != torch.float32 or module.weight.device.type != "cpu":
-            return None
-        weight, scale, bias = module.weight, module.scale, module.bias
-    elif isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32:
-        weight, scale, bias = module.weight.detach(), None, module.bias
-    else:
-        return None
-    if bias is not None:
-        if bias.dtype != torch.float32:
-            return None
-        bias = bias.detach().contiguous()
-    weight = weight.contiguous()
-    out_features, in_features = weight.shape
-    return native.StepLinear(_tensor(weight, keep), _tensor(scale.contiguous() if scale is not None else None, keep),
-                             _tensor(bias, keep), out_features, in_features, native.WEIGHT_KINDS[weight.dtype])
+        return _product(module.weight, module.scale, module.bias, keep)
+    if isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32:
+        return _product(module.weight, None, module.bias, keep)
+    return None
 
 
-def _fused_qkv(attention: Any, keep: list[torch.Tensor]) -> native.StepLinear | None:
-    """The query, key and value projections as one product (the drafting copies fuse them already; a model's are
-    joined once and kept on the module while its weights stay as they are)."""
+def _projections(attention: Any, keep: list[torch.Tensor]) -> list[native.StepLinear | None]:
+    """The query, key and value products; a drafting copy's fused projection as three slices of its rows (views,
+    no copies)."""
     fused = getattr(attention, "qkv_proj", None)
-    if fused is not None:
-        return _linear(fused, keep)
-    q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
-    if not all(type(p) is type(q) for p in (k, v)) or isinstance(q, Int8Linear) or q.weight.dtype != torch.float32:
-        return None
-    parts = [t for p in (q, k, v) for t in (p.weight, p.bias) if t is not None]
-    key = tuple((t.data_ptr(), t._version) for t in parts)
-    cached = attention.__dict__.get("_native_qkv")
-    if cached is None or cached[0] != key:
-        zeros = torch.zeros(q.out_features)
-        with torch.no_grad():
-            weight = torch.cat([q.weight, k.weight, v.weight]).detach()
-            bias = torch.cat([p.bias.detach() if p.bias is not None else zeros for p in (q, k, v)])
-        cached = attention.__dict__["_native_qkv"] = (key, torch.nn.Linear(q.in_features, 3 * q.out_features,
-                                                                           device="meta"))
-        cached[1].weight, cached[1].bias = torch.nn.Parameter(weight, False), torch.nn.Parameter(bias, False)
-    return _linear(cached[1], keep)
+    if fused is None:
+        return [_linear(attention.q_proj, keep), _linear(attention.k_proj, keep), _linear(attention.v_proj, keep)]
+    if not isinstance(fused, (Int8Linear, torch.nn.Linear)) or fused.weight.dtype not in (torch.float32, torch.int8):
+        return [None] * 3
+    d = fused.weight.shape[0] // 3
+    scale = fused.scale if isinstance(fused, Int8Linear) else None
+    return [_product(fused.weight[i * d:(i + 1) * d], scale[i * d:(i + 1) * d] if scale is not None else None,
+                     fused.bias[i * d:(i + 1) * d] if fused.bias is not None else None, keep) for i in range(3)]
 
 
 def _norm(norm: Any, keep: list[torch.Tensor]) -> tuple[int, int] | None:
@@ -115,7 +107,8 @@ class NativeStep:
         for index, layer in enumerate(decoder.layers):
             keys, values = adapter.cross[index]
             parts = {
-                "norm_self": _norm(layer.self_attn_layer_norm, keep), "qkv": _fused_qkv(layer.self_attn, keep),
+                "norm_self": _norm(layer.self_attn_layer_norm, keep),
+                **dict(zip("qkv", _projections(layer.self_attn, keep))),
                 "out": _linear(layer.self_attn.out_proj, keep),
                 "norm_cross": _norm(layer.encoder_attn_layer_norm, keep),
                 "cross_q": _linear(layer.encoder_attn.q_proj, keep),
@@ -129,9 +122,9 @@ class NativeStep:
             for name in ("norm_self", "norm_cross", "norm_ffn"):
                 setattr(entry, f"{name}_w", parts[name][0])
                 setattr(entry, f"{name}_b", parts[name][1])
-            for name in ("qkv", "out", "cross_q", "cross_out", "fc1", "fc2"):
+            for name in ("q", "k", "v", "out", "cross_q", "cross_out", "fc1", "fc2"):
                 setattr(entry, name, parts[name])
-            # Half the bytes a draft's step reads; a draft does not miss the rounding.
+            # A draft's in bfloat16: half the bytes its step reads, and it does not miss the rounding.
             entry.cross_k = _tensor(keys[0].to(cross_dtype).contiguous(), keep)
             entry.cross_v = _tensor(values[0].to(cross_dtype).contiguous(), keep)
         final = _norm(decoder.layer_norm, keep)

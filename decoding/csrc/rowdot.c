@@ -215,7 +215,7 @@ typedef struct {
 
 typedef struct {
   const float *norm_self_w, *norm_self_b;
-  step_linear qkv, out;  /* qkv: the fused query, key and value projections, [3 d, d] */
+  step_linear q, k, v, out;
   const float *norm_cross_w, *norm_cross_b;
   step_linear cross_q, cross_out;
   const void *cross_k, *cross_v;  /* [heads, frames, head_dim], float32 or bfloat16 (the model's cross_kind) */
@@ -316,7 +316,7 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
   const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, T = m->frames;
   float* x = scratch;                 /* [rows, d] the residual stream */
   float* h = x + rows * d;            /* [rows, d] normed */
-  float* qkv = h + rows * d;          /* [rows, 3 d] */
+  float* qkv = h + rows * d;          /* [3, rows, d]: queries, keys, values */
   float* a = qkv + rows * 3 * d;      /* [rows, d] attention output */
   float* f = a + rows * d;            /* [rows, ffn] */
   float* score_base = f + rows * m->ffn;
@@ -337,16 +337,18 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
       float* lv = values + l * H * cap * hd;
       #pragma omp single
       layer_norm_rows(x, L->norm_self_w, L->norm_self_b, h, rows, d, m->eps);
-      step_product(&L->qkv, h, qkv, rows);
+      step_product(&L->q, h, qkv, rows);
+      step_product(&L->k, h, qkv + rows * d, rows);
+      step_product(&L->v, h, qkv + 2 * rows * d, rows);
       #pragma omp single
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t g = 0; g < H; ++g) {
-          memcpy(lk + (g * cap + start + r) * hd, qkv + r * 3 * d + d + g * hd, hd * sizeof(float));
-          memcpy(lv + (g * cap + start + r) * hd, qkv + r * 3 * d + 2 * d + g * hd, hd * sizeof(float));
+          memcpy(lk + (g * cap + start + r) * hd, qkv + (rows + r) * d + g * hd, hd * sizeof(float));
+          memcpy(lv + (g * cap + start + r) * hd, qkv + (2 * rows + r) * d + g * hd, hd * sizeof(float));
         }
       #pragma omp for schedule(static)
       for (int64_t g = 0; g < H; ++g)
-        attend(qkv + g * hd, 3 * d, lk + g * cap * hd, lv + g * cap * hd, start + rows, start + 1, 1, F32, hd,
+        attend(qkv + g * hd, d, lk + g * cap * hd, lv + g * cap * hd, start + rows, start + 1, 1, F32, hd,
                rows, scores, score_len, a + g * hd, d);
       step_product(&L->out, a, h, rows);
       #pragma omp single
@@ -354,7 +356,7 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
         for (int64_t i = 0; i < rows * d; ++i) x[i] += h[i];
         layer_norm_rows(x, L->norm_cross_w, L->norm_cross_b, h, rows, d, m->eps);
       }
-      step_product(&L->cross_q, h, qkv, rows);  /* queries in qkv's first rows * d floats, row stride d */
+      step_product(&L->cross_q, h, qkv, rows);
       #pragma omp for schedule(static)
       for (int64_t g = 0; g < H; ++g) {
         if (m->cross_kind == BF16)
@@ -382,4 +384,4 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
 }
 
 /* Build check: the caller compares this with the version it expects. */
-int rowdot_version(void) { return 4; }
+int rowdot_version(void) { return 5; }
