@@ -1,22 +1,25 @@
-"""Greedy decoding's logits through a bfloat16 copy of a float32 output head, exact wherever the argmax can be.
+"""Greedy decoding's logits through a low-precision copy of a float32 output head, exact wherever the argmax can be.
 
 A decoder step of Whisper `base` reads its 51,865 x 512 output head (106 MB in float32) for a handful of rows:
 on a CPU, where a step is memory traffic, that is about 40 % of it. Greedy decoding needs one thing exactly, the
-largest logit. So every logit is computed through a bfloat16 copy of the head (half the bytes, native bfloat16
-products), each with a proven bound on its error, and every logit that could still be the largest is computed
-again in float32 from the float32 rows: the argmax is float32's. Logits of the ids a caller names (`exact_ids`)
-are float32 too, whatever their values.
+largest logit. So every logit is computed through a low-precision copy of the head, each with a proven bound on
+its error, and every logit that could still be the largest is computed again in float32 from the float32 rows:
+the argmax is float32's. Logits of the ids a caller names (`exact_ids`) are float32 too, whatever their values.
 
-The bound, for a row h and a head row w (hb, wb their bfloat16 roundings, `a` the bfloat16 product as computed):
+Up to `decoding.native.MAX_ROWS` rows (a step, a check of a few drafts) go through `decoding.native` where it is
+built, over an int8 copy with one scale per row (a quarter of the bytes): float32 h times the int8 row widened
+exactly, summed in float32, times the row's scale. For a head row w, its int8 form w8 = scale * q and `a` the
+result as computed,
+
+    |h.w - a| <= |h| (|w - w8| + gamma_d |w8|) + 2^-24 |a|       (row by row)
+
+(Cauchy-Schwarz over the weight's rounding, float32 accumulation over d terms, the scale's product), and a
+logit is computed again where its upper bound reaches the largest lower bound. More rows (a prompt, a long check)
+go through oneDNN over a bfloat16 copy (hb the row's bfloat16 rounding, wb the weight's):
 
     |h.w - a| <= |h - hb| |w| + |hb| |w - wb| + gamma_d |hb| |wb| + 2^-8 (1 + 2^-7) |a|
 
-(Cauchy-Schwarz over the two roundings, float32 accumulation over d terms, and the product's rounding to
-bfloat16), with |w|, |w - wb|, |wb| the largest over the head's rows. One or two rows (a greedy step, a check of
-one draft) go through `decoding.native` where it is built: float32 h times the bfloat16 rows widened exactly,
-summed in float32, so only the weight's rounding and the accumulation remain:
-
-    |h.w - a| <= |h| |w - wb| + gamma_d |h| |wb|
+with |w|, |w - wb|, |wb| the largest over the head's rows (the product's rounding to bfloat16 the last term).
 
 What the result promises, and what decoding's filters may therefore do with it: after masking any of `exact_ids`
 and either all or none of the other ids, and comparing values against the largest of the others (Whisper's
@@ -39,29 +42,44 @@ from decoding.kernels import linear, native_rows_allowed, screening_allowed
 # bfloat16 keeps 8 significant bits: rounding a value moves it by at most 2^-8 of its size (the extra 2^-7 of that
 # bounds it by the rounded value's size instead of the exact one's).
 _ROUNDING = 2.0 ** -8 * (1 + 2.0 ** -7)
-# Up to this many rows the screen multiplies through `decoding.native` (a step, a check of one draft); beyond, its
-# two-row kernel reads the weight at under oneDNN's packed speed (docs/precision.md).
-_NATIVE_ROWS = 2
 
 
 class HeadScreen:
-    """The bfloat16 copy of one float32 head and the norms its error bound needs; made once per head
-    (`screened_head`), read by `ScreenedHead`s of any `exact_ids`."""
+    """The int8 and bfloat16 copies of one float32 head and the norms their error bounds need, each made when first
+    needed; made once per head (`screened_head`), read by `ScreenedHead`s of any `exact_ids`."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        weight = weight.detach()
-        low = weight.to(torch.bfloat16)
-        self.weight = weight
-        self.low = low
+        self.weight = weight.detach()
         width = weight.shape[1]
-        self.weight_norm = float(weight.norm(dim=1).max())
-        self.low_norm = float(low.float().norm(dim=1).max())
-        self.rounding_norm = float((weight - low.float()).norm(dim=1).max())
         # Accumulating `width` products in float32 (each exact: two 8-bit significands fit in 24), twice over for
         # kernels that sum partial sums in a different order.
         u = 2.0 ** -24
         self.gamma = 2 * width * u / (1 - width * u)
         self._heads: dict[tuple[int, ...], ScreenedHead] = {}
+
+    @functools.cached_property
+    def quantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The int8 copy `q`, its scales (one per row) and each row's bound factor `|w - w8| + (gamma_d + 2^-23)
+        |w8|` (the scale's rounding folded in, as |a| <= |h| |w8| nearly; 2^-8 more to spare for the float32
+        rounding of these norms), made when first needed."""
+        weight = self.weight
+        scale = (weight.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        dequantized = q.float() * scale[:, None]
+        bound = ((weight - dequantized).norm(dim=1) + (self.gamma + 2.0 ** -23) * dequantized.norm(dim=1))
+        return q, scale.contiguous(), bound * (1 + 2.0 ** -8)
+
+    @functools.cached_property
+    def low(self) -> torch.Tensor:
+        """The bfloat16 copy for several rows, made when first needed."""
+        return self.weight.to(torch.bfloat16)
+
+    @functools.cached_property
+    def norms(self) -> tuple[float, float, float]:
+        """The bfloat16 bound's norms: the largest |w|, |wb| and |w - wb| over the rows."""
+        low = self.low.float()
+        return (float(self.weight.norm(dim=1).max()), float(low.norm(dim=1).max()),
+                float((self.weight - low).norm(dim=1).max()))
 
     @functools.cached_property
     def product(self) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -91,27 +109,30 @@ class ScreenedHead:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         screen = self.screen
         flat = h.reshape(-1, h.shape[-1]).float()
-        if len(flat) <= _NATIVE_ROWS and native_rows_allowed():
-            # float32 rows times the widened bfloat16 weight, summed in float32: no rounding of h or of the sums.
-            logits = native.rowdot(flat, screen.low)
-            shared = flat.norm(dim=-1, keepdim=True) * (screen.rounding_norm + screen.gamma * screen.low_norm)
-            rounding = 0.0
+        if len(flat) <= native.MAX_ROWS and native_rows_allowed():
+            q, scale, row_bound = screen.quantized
+            logits = native.rowdot(flat, q, None, scale)
+            if self.exact_product is not None:
+                logits[:, self.exact_ids] = -torch.inf  # out of the search below; computed in float32 after it
+            bound = flat.norm(dim=-1, keepdim=True) * row_bound
+            lowest_top = (logits - bound).amax(-1, keepdim=True)
+            rows, ids = (logits + bound >= lowest_top).nonzero(as_tuple=True)
         else:
+            weight_norm, low_norm, rounding_norm = screen.norms
             low = flat.to(torch.bfloat16)
             logits = screen.product(low).float()
             low32 = low.float()
             # The bound's part shared by a row's logits; the rest is _ROUNDING of each logit's own size.
-            shared = ((flat - low32).norm(dim=-1, keepdim=True) * screen.weight_norm
-                      + low32.norm(dim=-1, keepdim=True) * (screen.rounding_norm + screen.gamma * screen.low_norm))
-            rounding = _ROUNDING
-        if self.exact_product is not None:
-            logits[:, self.exact_ids] = -torch.inf  # out of the search below; computed in float32 after it
-        # x - _ROUNDING |x| and x + _ROUNDING |x| both grow with x: the best lower bound is the largest logit's,
-        # and a logit's upper bound reaches it exactly when the logit reaches one threshold.
-        top = logits.amax(-1, keepdim=True)  # the values alone: ~10x cheaper than max()'s values and indices
-        reach = top - rounding * top.abs() - 2 * shared
-        threshold = torch.where(reach >= 0, reach / (1 + rounding), reach / (1 - rounding))
-        rows, ids = (logits >= threshold).nonzero(as_tuple=True)
+            shared = ((flat - low32).norm(dim=-1, keepdim=True) * weight_norm
+                      + low32.norm(dim=-1, keepdim=True) * (rounding_norm + screen.gamma * low_norm))
+            if self.exact_product is not None:
+                logits[:, self.exact_ids] = -torch.inf
+            # x - _ROUNDING |x| and x + _ROUNDING |x| both grow with x: the best lower bound is the largest logit's,
+            # and a logit's upper bound reaches it exactly when the logit reaches one threshold.
+            top = logits.amax(-1, keepdim=True)  # the values alone: ~10x cheaper than max()'s values and indices
+            reach = top - _ROUNDING * top.abs() - 2 * shared
+            threshold = torch.where(reach >= 0, reach / (1 + _ROUNDING), reach / (1 - _ROUNDING))
+            rows, ids = (logits >= threshold).nonzero(as_tuple=True)
         self.refined += int(rows.numel())
         logits[rows, ids] = (flat[rows] * screen.weight[ids]).sum(-1)
         if self.exact_product is not None:
