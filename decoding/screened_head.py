@@ -6,8 +6,8 @@ largest logit. So every logit is computed through a low-precision copy of the he
 its error, and every logit that could still be the largest is computed again in float32 from the float32 rows:
 the argmax is float32's. Logits of the ids a caller names (`exact_ids`) are float32 too, whatever their values.
 
-Up to `decoding.native.MAX_ROWS` rows (a step, a check of a few drafts) go through `decoding.native` where it is
-built, over an int8 copy with one scale per row (a quarter of the bytes): float32 h times the int8 row widened
+Up to three rows (a step, a check of one or two drafts) go through `decoding.native` where it is built, over an
+int8 copy with one scale per row (a quarter of the bytes): float32 h times the int8 row widened
 exactly, summed in float32, times the row's scale. For a head row w, its int8 form w8 = scale * q and `a` the
 result as computed,
 
@@ -42,6 +42,9 @@ from decoding.kernels import linear, native_rows_allowed, screening_allowed
 # bfloat16 keeps 8 significant bits: rounding a value moves it by at most 2^-8 of its size (the extra 2^-7 of that
 # bounds it by the rounded value's size instead of the exact one's).
 _ROUNDING = 2.0 ** -8 * (1 + 2.0 ** -7)
+# Up to this many rows the int8 screen is the faster (docs/figures/screened-head.md: 1.3-2.5 ms for 1-3 rows of
+# base's head); at four, oneDNN's bfloat16 product, recomputing fewer logits, is (2.6 against 3.2 ms).
+_INT8_ROWS = 3
 
 
 class HeadScreen:
@@ -109,7 +112,7 @@ class ScreenedHead:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         screen = self.screen
         flat = h.reshape(-1, h.shape[-1]).float()
-        if len(flat) <= native.MAX_ROWS and native_rows_allowed():
+        if len(flat) <= _INT8_ROWS and native_rows_allowed():
             q, scale, row_bound = screen.quantized
             logits = native.rowdot(flat, q, None, scale)
             if self.exact_product is not None:

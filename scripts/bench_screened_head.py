@@ -1,8 +1,8 @@
-"""What the bfloat16 screen of `base`'s float32 head saves on real speech (decoding/screened_head.py).
+"""What the screen (int8 for a few rows, bfloat16 for more) of `base`'s float32 head saves on real speech (decoding/screened_head.py).
 
     python scripts/bench_screened_head.py [--threads 2] [--out docs/figures/screened-head]
 
-Decodes the second sonnet (longform/p002.mp3) once with `base-draft:int8` drafting and keeps the decoder
+Decodes the second sonnet (longform/p002.mp3) once with `base-draft:int8` drafting rounds of 3 and keeps the decoder
 outputs the head saw (one row for a step, several for a check of drafts); then times the head over the same
 rows with and without the screen, in turn, and counts the logits the screen computed again in float32. Real
 rows matter: on noise the logits are flat and the screen recomputes hundreds a row, on speech a few.
@@ -40,8 +40,8 @@ def decoder_outputs(bundle) -> list[torch.Tensor]:
 
     screened.ScreenedHead.__call__ = record
     try:
-        transcribe(bundle, load_audio(str(EVALDATA / "longform" / "p002.mp3")), TranscribeOptions(),
-                   make_assistant("base-draft:int8", bundle))
+        transcribe(bundle, load_audio(str(EVALDATA / "longform" / "p002.mp3")),
+                   TranscribeOptions(schedule="constant", num_assistant_tokens=3), make_assistant("base-draft:int8", bundle))
     finally:
         screened.ScreenedHead.__call__ = call
     return seen
@@ -61,7 +61,7 @@ def main() -> None:
     exact = screen_exact_ids(whisper_filters(special, 4, timestamps=True), special, vocab)
     screen, full = screened.screened_head(head, exact), linear_fn(head)
     checks = [h for h in decoder_outputs(bundle) if h.shape[1] == 4]  # the last token and 3 drafts
-    rows = {1: [h[:, -1:].contiguous() for h in checks], 4: checks}
+    rows = {width: [h[:, -width:].contiguous() for h in checks] for width in (1, 2, 3, 4)}
     times: dict[str, list[float]] = {}
     refined: dict[int, float] = {}
     with torch.inference_mode():

@@ -10,7 +10,7 @@ import torch
 
 from decoding import native
 from decoding.kernels import full_head, native_bfloat16, reference_kernels
-from decoding.screened_head import HeadScreen, screened_head
+from decoding.screened_head import _INT8_ROWS, HeadScreen, screened_head
 
 pytestmark = pytest.mark.skipif(not native_bfloat16(), reason="the screen needs a CPU with native bfloat16")
 
@@ -46,7 +46,7 @@ def test_the_argmax_is_float32s_whatever_the_rules_mask(seed: int) -> None:
     # The named ids are float32's, the others within a bfloat16 rounding of it.
     torch.testing.assert_close(got[..., exact_ids], expected[..., exact_ids], rtol=1e-5, atol=1e-5)
     screen = screened_head(head, exact_ids).screen
-    if x.shape[1] <= native.MAX_ROWS and native.library() is not None:  # the int8 screen's bound, row by row
+    if x.shape[1] <= _INT8_ROWS and native.library() is not None:  # the int8 screen's bound, row by row
         bound = x.norm(dim=-1, keepdim=True) * screen.quantized[2]
     else:  # the bfloat16 screen's
         weight_norm, low_norm, rounding_norm = screen.norms
