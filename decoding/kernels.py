@@ -82,6 +82,18 @@ def in_prompt_pass() -> bool:
     return _PROMPT.get()
 
 
+# From this many rows on, a product over int8 or widened bfloat16 weights runs in bfloat16 over the weights as they
+# are or dequantised; decoding (drafts and their checks) stays below it, so every decoded row takes the same kernel.
+MANY_ROWS = 256
+
+
+def row_by_row(rows: int) -> bool:
+    """Whether a product of `rows` rows over int8 or widened bfloat16 weights runs row by row (`decoding.native`):
+    decoding's steps and checks do; a prompt's many rows (the same call in plain and assisted decoding) and an
+    encoder output's do not, as the weights dequantised once and a bfloat16 product take a fraction of the time."""
+    return rows < MANY_ROWS and not (rows > native.MAX_ROWS and in_prompt_pass())
+
+
 def native_rows_allowed(weight: torch.Tensor | None = None) -> bool:
     """Whether few-row products (over `weight`, when given: dense float32 on a CPU) may use `decoding.native`
     here: not under `reference_kernels()` or `onednn_only()`, and the library built."""
@@ -157,6 +169,42 @@ class OneDnnLinear(torch.nn.Linear):
         no difference."""
         if _onednn(self.weight) and (self.packed is None or self.packed.dtype != self.weight.dtype):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+
+
+class WidenedLinear(torch.nn.Module):
+    """`y = x @ weight.T + bias` in float32 over bfloat16 weights, each widened exactly as it is read: half the bytes
+    of float32 weights, and every row's result its own (`decoding.native`'s kernel for any count of decoded rows, so
+    a check of drafts gives each row a one-token step's bits). Greedy decoding screens it like a float32 head
+    (`decoding.screened_head`): its argmax is then this product's. Products of many rows (an encoder output, a
+    prompt) take oneDNN's bfloat16 product instead, as an int8 linear does. Needs `decoding.native`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if weight.dtype != torch.bfloat16:
+            raise ValueError(f"WidenedLinear takes bfloat16 weights, not {weight.dtype}")
+        # A Parameter, so that a tied token table stays one tensor.
+        self.weight = weight if isinstance(weight, torch.nn.Parameter) else torch.nn.Parameter(weight, False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if row_by_row(len(flat)):
+            y = native.rowdot(flat, self.weight, self.bias)
+        else:
+            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+            y = linear(self.weight, bias)(flat.to(torch.bfloat16)).float()
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def to_linear(self) -> torch.nn.Linear:
+        """A plain float32 Linear with the widened weights."""
+        out = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                              device=self.weight.device)
+        with torch.no_grad():
+            out.weight.copy_(self.weight)
+            if self.bias is not None:
+                out.bias.copy_(self.bias)
+        return out
 
 
 # Kernels oneDNN compiles and keeps per shape met, in each of its two caches (oneDNN's own and ideep's, PyTorch's

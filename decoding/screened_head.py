@@ -5,6 +5,8 @@ on a CPU, where a step is memory traffic, that is about 40 % of it. Greedy decod
 largest logit. So every logit is computed through a low-precision copy of the head, each with a proven bound on
 its error, and every logit that could still be the largest is computed again in float32 from the float32 rows:
 the argmax is float32's. Logits of the ids a caller names (`exact_ids`) are float32 too, whatever their values.
+A head of bfloat16 weights multiplied in float32 (`decoding.kernels.WidenedLinear`, the int8 model's) is screened
+the same way, its widened weights standing for the float32 rows.
 
 Up to three rows (a step, a check of one or two drafts) go through `decoding.native` where it is built, over an
 int8 copy with one scale per row (a quarter of the bytes): float32 h times the int8 row widened
@@ -37,7 +39,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from decoding import native
-from decoding.kernels import linear, native_rows_allowed, screening_allowed
+from decoding.kernels import WidenedLinear, linear, native_rows_allowed, screening_allowed
 
 # bfloat16 keeps 8 significant bits: rounding a value moves it by at most 2^-8 of its size (the extra 2^-7 of that
 # bounds it by the rounded value's size instead of the exact one's).
@@ -48,8 +50,10 @@ _INT8_ROWS = 3
 
 
 class HeadScreen:
-    """The int8 and bfloat16 copies of one float32 head and the norms their error bounds need, each made when first
-    needed; made once per head (`screened_head`), read by `ScreenedHead`s of any `exact_ids`."""
+    """The int8 and bfloat16 copies of one head's weights and the norms their error bounds need, each made when
+    first needed; made once per head (`screened_head`), read by `ScreenedHead`s of any `exact_ids`. The weights are
+    float32, or bfloat16 whose values widened are the head's (`WidenedLinear`: then they are their own bfloat16
+    copy, with no rounding to bound)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight.detach()
@@ -65,7 +69,7 @@ class HeadScreen:
         """The int8 copy `q`, its scales (one per row) and each row's bound factor `|w - w8| + (gamma_d + 2^-23)
         |w8|` (the scale's rounding folded in, as |a| <= |h| |w8| nearly; 2^-8 more to spare for the float32
         rounding of these norms), made when first needed."""
-        weight = self.weight
+        weight = self.weight.float()
         scale = (weight.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
         q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
         dequantized = q.float() * scale[:, None]
@@ -75,14 +79,14 @@ class HeadScreen:
     @functools.cached_property
     def low(self) -> torch.Tensor:
         """The bfloat16 copy for several rows, made when first needed."""
-        return self.weight.to(torch.bfloat16)
+        return self.weight if self.weight.dtype == torch.bfloat16 else self.weight.to(torch.bfloat16)
 
     @functools.cached_property
     def norms(self) -> tuple[float, float, float]:
         """The bfloat16 bound's norms: the largest |w|, |wb| and |w - wb| over the rows."""
-        low = self.low.float()
-        return (float(self.weight.norm(dim=1).max()), float(low.norm(dim=1).max()),
-                float((self.weight - low).norm(dim=1).max()))
+        weight, low = self.weight.float(), self.low.float()
+        return (float(weight.norm(dim=1).max()), float(low.norm(dim=1).max()),
+                float((weight - low).norm(dim=1).max()))
 
     @functools.cached_property
     def product(self) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -103,7 +107,7 @@ class ScreenedHead:
     def __init__(self, screen: HeadScreen, exact_ids: Sequence[int]) -> None:
         self.screen = screen
         self.exact_ids = torch.tensor(list(exact_ids), dtype=torch.long)
-        rows = screen.weight[self.exact_ids].contiguous()
+        rows = screen.weight[self.exact_ids].float().contiguous()
         self.exact_product = (linear(rows, None, torch.ops.mkldnn._reorder_linear_weight(rows))
                               if self.exact_ids.numel() else None)
         # How many logits the last calls computed again in float32 (not counting exact_ids), for measurements.
@@ -137,7 +141,7 @@ class ScreenedHead:
             threshold = torch.where(reach >= 0, reach / (1 + _ROUNDING), reach / (1 - _ROUNDING))
             rows, ids = (logits >= threshold).nonzero(as_tuple=True)
         self.refined += int(rows.numel())
-        logits[rows, ids] = (flat[rows] * screen.weight[ids]).sum(-1)
+        logits[rows, ids] = (flat[rows] * screen.weight[ids].float()).sum(-1)
         if self.exact_product is not None:
             logits[:, self.exact_ids] = self.exact_product(flat)
         return logits.view(*h.shape[:-1], -1)
@@ -148,11 +152,13 @@ _SCREENS: weakref.WeakKeyDictionary[torch.nn.Module, HeadScreen] = weakref.WeakK
 
 
 def screened_head(head: torch.nn.Module, exact_ids: Sequence[int]) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The screened form of a loaded model's float32 output head (`head`, its `nn.Linear`), or None where it does
-    not apply: another precision, a bias, a device other than the CPU, a CPU without native bfloat16, PyTorch's
-    reference kernels or `full_head()` (`decoding.kernels`). The screen is made on first use and kept for `head`."""
+    """The screened form of a loaded model's output head (`head`: an `nn.Linear` of float32 weights, or a
+    `WidenedLinear`), or None where it does not apply: another precision, a bias, a device other than the CPU, a
+    CPU without native bfloat16, PyTorch's reference kernels or `full_head()` (`decoding.kernels`). The screen is
+    made on first use and kept for `head`."""
     weight = getattr(head, "weight", None)
-    if (weight is None or getattr(head, "bias", None) is not None or weight.dtype != torch.float32
+    exact_dtype = torch.bfloat16 if isinstance(head, WidenedLinear) else torch.float32
+    if (weight is None or getattr(head, "bias", None) is not None or weight.dtype != exact_dtype
             or weight.device.type != "cpu" or not screening_allowed()):
         return None
     screen = _SCREENS.get(head)

@@ -299,7 +299,7 @@ def test_an_int8_configuration_is_built_under_its_kernels(tiny_whisper_folder: P
     backends, skipped = make_backends(configs, str(tiny_whisper_folder), bundle=None, device="cpu", dtype=None,
                                       threads=1)
     assert not skipped
-    native_form, onednn_form, shared = (b.bundle.model.get_output_embeddings().scale.dtype for b in backends)
+    native_form, onednn_form, shared = (b.bundle.model.get_decoder().layers[0].fc1.scale.dtype for b in backends)
     assert onednn_form == torch.bfloat16
     assert native_form == shared == (torch.float32 if native_rows_allowed() else torch.bfloat16)
     assert backends[0].bundle is backends[2].bundle and backends[0].bundle is not backends[1].bundle

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from decoding import native
-from decoding.kernels import full_head, native_bfloat16, reference_kernels
+from decoding.kernels import WidenedLinear, full_head, native_bfloat16, reference_kernels
 from decoding.screened_head import _INT8_ROWS, HeadScreen, screened_head
 
 pytestmark = pytest.mark.skipif(not native_bfloat16(), reason="the screen needs a CPU with native bfloat16")
@@ -171,3 +171,48 @@ def test_base_says_the_same_words_on_real_speech_with_the_screen(base) -> None:
     assert [s.tokens for s in got.segments] == [s.tokens for s in expected.segments]
     for ours, theirs in zip(got.segments, expected.segments):
         assert abs(ours.avg_logprob - theirs.avg_logprob) < 1e-2
+
+
+def _widened_head(seed: int) -> WidenedLinear:
+    return WidenedLinear(_head(seed).weight.detach().to(torch.bfloat16))
+
+
+@pytest.mark.skipif(native.library() is None, reason="WidenedLinear needs decoding.native")
+@pytest.mark.parametrize("seed", range(12))
+def test_a_widened_heads_screen_gives_its_argmax_and_its_named_logits(seed: int) -> None:
+    """The int8 model's head (bfloat16 weights, float32 products) screened: the argmax of the product over its
+    widened weights, whatever the rules mask, and the named ids' logits those of its own product."""
+    head = _widened_head(seed)
+    vocab = head.weight.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    exact_ids = sorted(set(range(2500, vocab)) | set(torch.randint(0, 2500, (40,), generator=generator).tolist()))
+    x = _rows(seed, count=1 + seed % 7, size=float(1 + seed % 20))
+    with torch.inference_mode():
+        expected = x @ head.weight.float().T
+        got = screened_head(head, exact_ids)(x)
+        own = head(x)
+    torch.testing.assert_close(got[..., exact_ids], own[..., exact_ids], rtol=1e-5, atol=1e-5)
+    ids = torch.tensor(exact_ids)
+    for trial in range(6):
+        masked_exact = ids[torch.rand(len(ids), generator=generator) < 0.5]
+        ours, theirs = got.clone(), expected.clone()
+        for logits in (ours, theirs):
+            logits[..., masked_exact] = -torch.inf
+        assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+@pytest.mark.skipif(native.library() is None, reason="WidenedLinear needs decoding.native")
+def test_a_widened_linear_is_the_float32_product_of_its_widened_weights_row_by_row() -> None:
+    head = _widened_head(3)
+    widened = head.weight.float()
+    x = _rows(3, count=9)[0]
+    with torch.inference_mode():
+        alone = torch.cat([head(x[i:i + 1]) for i in range(len(x))])
+        together = head(x)
+        # Each row's bits whatever the rows beside it, and a float32 weight's product's bits.
+        assert torch.equal(alone, together)
+        assert torch.equal(together, native.rowdot(x, widened))
+        many = head(x.repeat(40, 1))  # past decoding's rows: oneDNN's bfloat16 product
+    assert (many[:9] - together).abs().max() < 2e-2 * together.abs().max()  # bfloat16 rows and results
+    with pytest.raises(ValueError, match="bfloat16 weights"):
+        WidenedLinear(widened)

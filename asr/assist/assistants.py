@@ -131,6 +131,7 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
     from asr.models.int8 import Int8Linear, dequantize_linears, quantize_linears
     from asr.models.offload import materialized
     from asr.models.precision import int8_activations
+    from decoding.kernels import WidenedLinear
 
     # An int8 copy computes as the int8 model does: in float32 over decoding.native's int8 products, where a
     # step's small operations cost least, else in bfloat16 for PyTorch's int8 kernel.
@@ -152,7 +153,7 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
             quantize_linears(layer_copy.float(), dtype)
         decoder.layers.append(layer_copy.to(dtype))
     head = model.get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear):  # a draft's own head (a vocabulary subset): copied whole, as it is small
+    if not isinstance(head, (torch.nn.Linear, WidenedLinear)):  # a draft's own (a vocabulary subset): copied whole
         head_copy = copy.deepcopy(head)
         head_copy = quantize_linears(head_copy.float(), dtype).to(dtype) if precision == "int8" else head_copy.to(dtype)
     elif precision == "int8":

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from asr.errors import first_line
 from asr.models.int8 import Int8Linear, dequantize_linears
-from decoding.kernels import OneDnnLinear
+from decoding.kernels import OneDnnLinear, WidenedLinear
 
 FORMAT = "assisted-whisper-draft"
 VERSION = 1
@@ -44,7 +44,7 @@ class SubsetHead(torch.nn.Module):
 
     def __init__(self, head: torch.nn.Module, ids: torch.Tensor) -> None:
         super().__init__()
-        weight = (head.to_linear() if isinstance(head, Int8Linear) else head).weight.detach()
+        weight = (head.to_linear() if isinstance(head, (Int8Linear, WidenedLinear)) else head).weight.detach()
         self.vocab_size = weight.shape[0]
         self.register_buffer("ids", ids.to(device=weight.device, dtype=torch.long))
         # oneDNN's kernel (and its blocked layout) on a CPU, as the model's own head: MKL's, which a plain Linear

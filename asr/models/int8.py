@@ -15,12 +15,9 @@ from __future__ import annotations
 import torch
 
 from decoding import native
-from decoding.kernels import in_prompt_pass, linear, native_rows_allowed
+from decoding.kernels import linear, native_rows_allowed, row_by_row
 
 _ROWS = 4096
-# From this many rows on, a product runs in bfloat16 over dequantised weights; decoding (drafts and their checks)
-# stays below it, so every decoded row goes through the same int8 kernel.
-_MANY_ROWS = 256
 
 
 class Int8Linear(torch.nn.Module):
@@ -45,10 +42,10 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
-        if len(flat) >= _MANY_ROWS or len(flat) > native.MAX_ROWS and in_prompt_pass():
+        if not row_by_row(len(flat)):
             # The int8 kernels are made for a few rows; over an encoder output (cross-attention keys and values,
             # 1,500 rows) or a prompt the weights dequantised once and a bfloat16 product take a fraction of
-            # their time (a prompt pass is the same in plain and assisted decoding: `in_prompt_pass`).
+            # their time.
             bias = None if self.bias is None else self.bias.to(torch.bfloat16)
             return linear(self._dequantized(), bias)(flat.to(torch.bfloat16)).to(self.scale.dtype).view(
                 *x.shape[:-1], self.out_features)

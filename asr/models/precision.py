@@ -1,10 +1,13 @@
 """Model precisions a user picks with `--dtype` (faster-whisper's `compute_type`), and the int8 model.
 
-`int8` is weight-only int8 for the decoder's linear layers and its output head (one scale per output row, the
-kernel of the `self:int8` drafts), with activations, norms and the key/value buffers in float32 where
-`decoding.native` is built, else bfloat16 (`int8_activations`), the token table in bfloat16, and the encoder in
-bfloat16: its 1,500-row products are compute-bound, where int8 weights bring nothing and
-bfloat16 (AVX512-BF16 / AMX) halves the time. Every int8 product is the same for a row whichever rows are
+`int8` is weight-only int8 for the decoder's linear layers (one scale per output row, the kernel of the
+`self:int8` drafts), with activations, norms and the key/value buffers in float32 where `decoding.native` is
+built, else bfloat16 (`int8_activations`), the token table in bfloat16, and the encoder in bfloat16: its
+1,500-row products are compute-bound, where int8 weights bring nothing and bfloat16 (AVX512-BF16 / AMX) halves
+the time. The output head is the token table itself, multiplied in float32 (`decoding.kernels.WidenedLinear`),
+which greedy decoding screens through an int8 copy as it does a float32 head: the same bytes a step read from an
+int8 head, and its words those of the bfloat16 head (an int8 head cost 0.23 points of WER on the 65 English
+recordings, docs/precision.md). Without `decoding.native` the head is int8 too. Every int8 product is the same for a row whichever rows are
 computed with it, so assisted decoding checks drafts with the same numbers greedy decoding would produce.
 """
 
@@ -116,17 +119,22 @@ def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     """Makes a float32 Whisper model the int8 model described above (in place); returns it."""
     from asr.models.int8 import Int8Linear, quantize_linears
 
+    from decoding.kernels import WidenedLinear
+
     decoder = model.get_decoder()
     dtype = int8_activations()
-    # The head is tied to the token embedding: quantised from the float32 rows before they are rounded.
-    model.proj_out = Int8Linear(model.get_output_embeddings(), dtype)
+    if dtype != torch.float32:
+        # The head is tied to the token embedding: quantised from the float32 rows before they are rounded.
+        model.proj_out = Int8Linear(model.get_output_embeddings(), dtype)
     for layer in decoder.layers:
         quantize_linears(layer, dtype)
     decoder.to(dtype)
     decoder.embed_tokens.to(torch.bfloat16)  # rows looked up are widened exactly (WhisperDecoderAdapter)
+    if dtype == torch.float32:
+        model.proj_out = WidenedLinear(decoder.embed_tokens.weight)  # tied: the same tensor
     model.get_encoder().to(torch.bfloat16)
     # Every decoder pass attends over all key slots (`asr.whisper.decoder.WhisperDecoderAdapter`): a row's logits are then
     # the same bits in a one-token step and in a check of drafts.
     model.attention_span = model.config.max_target_positions
-    logger.debug("int8 decoder and head, bfloat16 encoder")
+    logger.debug("int8 decoder, %s head, bfloat16 encoder", type(model.proj_out).__name__)
     return model
