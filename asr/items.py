@@ -63,6 +63,16 @@ class _Item:
         self.window_language: str | None = language
         self.last_speech_timestamp = 0.0
         self.restored = 0
+        self._floors: dict[int, float | None] = {}
+
+    def floor(self, n_mels: int) -> float | None:
+        """The floor of this audio's features (`audio.recording_floor`), computed once: its windows are
+        normalised as openai-whisper normalises the whole file's spectrogram."""
+        if n_mels not in self._floors:
+            from audio.features import recording_floor
+
+            self._floors[n_mels] = recording_floor(self.samples, n_mels)
+        return self._floors[n_mels]
 
     @property
     def done_seconds(self) -> float:

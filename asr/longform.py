@@ -218,7 +218,8 @@ class _WindowDecoder:
 
         # 1. Encode the windows once, for the model and (when it shares the encoder) the assistant.
         t = time.perf_counter()
-        features = log_mel([item.window for item in items], bundle.n_mels)
+        features = log_mel([item.window for item in items], bundle.n_mels,
+                           floors=[item.floor(bundle.n_mels) for item in items])
         encoder_output = encode(bundle.model, features)
         if len(items) > 1 or self.assistant is not None or self.settings.beam_size > 1:
             pack_for_rows(bundle.model)  # passes of several rows from here on

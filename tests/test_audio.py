@@ -24,6 +24,7 @@ from audio import (
     load_audio,
     log_mel,
     pad_or_trim,
+    recording_floor,
 )
 from audio.features import _extractor
 
@@ -249,6 +250,43 @@ def test_log_mel_matches_the_extractor_padding_itself() -> None:
     audio = np.random.default_rng(1).standard_normal(7 * SAMPLE_RATE).astype(np.float32) * 0.1
     expected = _extractor(80)(audio, sampling_rate=SAMPLE_RATE, return_tensors="np")["input_features"]
     torch.testing.assert_close(log_mel(audio), torch.from_numpy(expected))
+
+
+def _loud_then_quiet(seconds: int = 75) -> np.ndarray:
+    """Speech-level noise, then a last 15 s a thousand times quieter."""
+    rng = np.random.default_rng(2)
+    audio = rng.standard_normal(seconds * SAMPLE_RATE).astype(np.float32) * 0.1
+    audio[-15 * SAMPLE_RATE:] *= 1e-3
+    return audio
+
+
+def test_a_window_cut_from_a_recording_is_normalised_as_the_whole_files_spectrogram() -> None:
+    """openai-whisper clamps the log-mel of the whole file at its largest value less 8; a window clamped at its
+    own largest would stretch a quiet window's noise over the model's whole range."""
+    audio = _loud_then_quiet()
+    floor = recording_floor(audio)
+    whole = _extractor(80)(audio, sampling_rate=SAMPLE_RATE, return_tensors="np", truncation=False,
+                           padding="longest")["input_features"][0]
+    assert floor == pytest.approx(float(whole.min()), abs=1e-3)
+    start = 60 * SAMPLE_RATE  # the quiet window: its own floor is far below the file's
+    own = log_mel(audio[start:])[0]
+    normalised = log_mel([audio[start:]], floors=[floor])[0]
+    assert float(own.min()) < floor - 0.2
+    assert float(normalised.min()) == pytest.approx(floor)
+    # Away from the window's edges (whose STFT frames see padding), the whole file's features.
+    frames = 15 * FRAMES_PER_SECOND - 2
+    torch.testing.assert_close(normalised[:, 2:frames], torch.from_numpy(whole[:, 6002:6000 + frames]),
+                               rtol=1e-4, atol=1e-4)
+    # A loud window is its own: the recording's floor is its floor.
+    torch.testing.assert_close(log_mel([audio[:N_SAMPLES]], floors=[floor]), log_mel(audio[:N_SAMPLES]))
+
+
+def test_a_recording_of_one_window_has_no_floor_of_its_own() -> None:
+    assert recording_floor(_loud_then_quiet(30)) is None
+    assert recording_floor(np.zeros(0, dtype=np.float32)) is None
+    # Pieces taken a few at a time give the floor of all at once.
+    audio = _loud_then_quiet(100)
+    assert recording_floor(audio, windows_at_once=1) == recording_floor(audio)
 
 
 def test_log_mel_rejects_bad_arguments() -> None:

@@ -189,3 +189,26 @@ def test_word_timestamps_hold_the_segments_words(scripted) -> None:
     (segment,) = result.segments
     assert [w.word for w in segment.words] == [" hello", " world"]
     assert all(segment.start <= w.start <= w.end <= segment.end for w in segment.words)
+
+
+def test_every_window_of_a_long_recording_is_normalised_as_the_whole_file(model, monkeypatch) -> None:
+    """The sequential algorithm gives each window its recording's floor (`audio.recording_floor`, openai-whisper's
+    whole-file clamp), computed once per recording; a recording of one window keeps its own."""
+    import asr.longform
+    from audio import recording_floor
+
+    calls = []
+    log_mel = asr.longform.log_mel
+
+    def recording(clips, n_mels, floors=None):
+        calls.append(list(floors))
+        return log_mel(clips, n_mels, floors=floors)
+
+    monkeypatch.setattr(asr.longform, "log_mel", recording)
+    long, short = synthetic(3), synthetic(0)
+    long[-10 * SAMPLE_RATE:] *= 0.05  # a quiet end
+    transcribe_many(model, [long, short], GREEDY)
+    floor = recording_floor(long)
+    assert floor is not None
+    given = sorted((f for c in calls for f in c), key=lambda f: f is None)
+    assert len(given) >= 3 and given == [floor] * (len(given) - 1) + [None]  # the long one's windows, the short one

@@ -70,8 +70,10 @@ def detect_languages(decoder: WhisperDecoderAdapter, special: SpecialTokens) -> 
     return out
 
 
-def detect_language(bundle, samples: np.ndarray, segments: int = 1, threshold: float = 0.5) -> tuple[str, dict[str, float]]:
-    """The language of the first `segments` 30 s windows of `samples`, and each language code's probability.
+def detect_language(bundle, samples: np.ndarray, segments: int = 1, threshold: float = 0.5,
+                    floor: float | None = None) -> tuple[str, dict[str, float]]:
+    """The language of the first `segments` 30 s windows of `samples`, and each language code's probability
+    (`floor`: the features' floor of the recording they are cut from, `audio.recording_floor`).
 
     The windows are classified one at a time: the first whose most likely language is above `threshold` decides;
     otherwise the probabilities are averaged over the windows and the most likely language wins.
@@ -84,7 +86,7 @@ def detect_language(bundle, samples: np.ndarray, segments: int = 1, threshold: f
     starts = range(0, max(len(samples), 1), N_SAMPLES)
     seen: list[dict[str, float]] = []
     for start in list(starts)[:segments]:
-        features = log_mel([samples[start:start + N_SAMPLES]], bundle.n_mels)
+        features = log_mel([samples[start:start + N_SAMPLES]], bundle.n_mels, floors=[floor])
         decoder = WhisperDecoderAdapter(bundle.model, encode(bundle.model, features))
         (language, probs), = detect_languages(decoder, bundle.special)
         if probs[language] > threshold:
@@ -109,7 +111,7 @@ def detect_items(window_decoder, items: list[_Item], model_decoder: WhisperDecod
             if item.language is None:
                 item.language, item.language_probs = detect_language(
                     bundle, item.samples[item.seek * HOP_LENGTH:], options.language_detection_segments,
-                    options.language_detection_threshold)
+                    options.language_detection_threshold, item.floor(bundle.n_mels))
                 item.window_language = item.language
     rows = [i for i, item in enumerate(items) if item.language is None or options.multilingual]
     if not rows:
