@@ -5,10 +5,10 @@
 built, else bfloat16 (`int8_activations`), the token table in bfloat16, and the encoder in bfloat16: its
 1,500-row products are compute-bound, where int8 weights bring nothing and bfloat16 (AVX512-BF16 / AMX) halves
 the time. The output head is the token table itself, multiplied in float32 (`decoding.kernels.WidenedLinear`),
-which greedy decoding screens through an int8 copy as it does a float32 head: the same bytes a step read from an
-int8 head, and its words those of the bfloat16 head (an int8 head cost 0.23 points of WER on the 65 English
-recordings, docs/precision.md). Without `decoding.native` the head is int8 too. Every int8 product is the same for a row whichever rows are
-computed with it, so assisted decoding checks drafts with the same numbers greedy decoding would produce.
+which greedy decoding screens through an int8 copy as it does a float32 head: a step reads the bytes of an int8
+head, and the words are the bfloat16 head's (an int8 head cost WER, docs/precision.md). Without
+`decoding.native` the head is int8 too. Every int8 product is the same for a row whichever rows are computed
+with it, so assisted decoding checks drafts with the same numbers greedy decoding would produce.
 """
 
 from __future__ import annotations
@@ -118,7 +118,6 @@ def int8_activations() -> torch.dtype:
 def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     """Makes a float32 Whisper model the int8 model described above (in place); returns it."""
     from asr.models.int8 import Int8Linear, quantize_linears
-
     from decoding.kernels import WidenedLinear
 
     decoder = model.get_decoder()
@@ -131,7 +130,8 @@ def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     decoder.to(dtype)
     decoder.embed_tokens.to(torch.bfloat16)  # rows looked up are widened exactly (WhisperDecoderAdapter)
     if dtype == torch.float32:
-        model.proj_out = WidenedLinear(decoder.embed_tokens.weight)  # tied: the same tensor
+        # The head is the rounded table itself (tied: one tensor), screened through int8 by greedy decoding.
+        model.proj_out = WidenedLinear(decoder.embed_tokens.weight)
     model.get_encoder().to(torch.bfloat16)
     # Every decoder pass attends over all key slots (`asr.whisper.decoder.WhisperDecoderAdapter`): a row's logits are then
     # the same bits in a one-token step and in a check of drafts.
