@@ -33,7 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
-VERSION = 5
+VERSION = 6
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
 MAX_ROWS = 4
@@ -139,7 +139,7 @@ class StepLayer(ctypes.Structure):
 class StepModel(ctypes.Structure):
     _fields_ = [("layers", ctypes.c_int64), ("d", ctypes.c_int64), ("heads", ctypes.c_int64),
                 ("frames", ctypes.c_int64), ("ffn", ctypes.c_int64), ("capacity", ctypes.c_int64),
-                ("cross_kind", ctypes.c_int64),
+                ("cross_kind", ctypes.c_int64), ("embed_kind", ctypes.c_int64),
                 ("eps", ctypes.c_float), ("layer", ctypes.POINTER(StepLayer)), ("embed_tokens", ctypes.c_void_p),
                 ("embed_positions", ctypes.c_void_p), ("norm_w", ctypes.c_void_p), ("norm_b", ctypes.c_void_p)]
 

@@ -6,8 +6,10 @@ step ~1 ms more than its products and attention. After the prompt, a float32 (or
 one window can run as one C function over the same weights and cache: the layers, the cache writes and the final
 norm, every row computed on its own in one fixed order (a check of drafts gives each row a one-token step's bits).
 A drafting copy reads its cross-attention keys and values in bfloat16 (its logits need not be its own last bits:
-the model checks every token it proposes); a model keeps them in float32. The prompt pass, the head and every
-other pass stay as they are.
+the model checks every token it proposes); a model keeps them in float32. The int8 model (`--dtype int8`, whose
+token table is bfloat16, widened as it is read) takes every pass after its prompt through it, whatever its width,
+so that each row has one step's bits however many drafts are checked with it. The prompt pass, the head and
+every other pass stay as they are.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from asr.models.int8 import Int8Linear
 from decoding import native
-from decoding.kernels import native_rows_allowed
+from decoding.kernels import MANY_ROWS, native_rows_allowed
 from decoding.kv_cache import StaticKVCache
 
 
@@ -90,12 +92,11 @@ class NativeStep:
         """The native step for `adapter` (a `WhisperDecoderAdapter` over one window of `model`; a `drafting`
         copy's reads its cross-attention keys and values in bfloat16), or None where it does not apply: no native
         kernels (or `onednn_only()`, `reference_kernels()`), another device, an offloaded or not-float32 decoder,
-        self-attention over a fixed span (the int8 model's), a product in another form, an activation other than
-        GELU, head sizes not a multiple of 16."""
+        a product in another form, an activation other than GELU, head sizes not a multiple of 16."""
         if native.library() is None or not native_rows_allowed() or adapter.device.type != "cpu" \
-                or adapter.store is not None or adapter.span is not None or adapter.batch_size != 1 \
+                or adapter.store is not None or adapter.batch_size != 1 \
                 or adapter.dtype != torch.float32 or adapter.kv_dtype != torch.float32 \
-                or adapter.head_dim % 16 or adapter.embed_tokens.dtype != torch.float32:
+                or adapter.head_dim % 16 or adapter.embed_tokens.dtype not in (torch.float32, torch.bfloat16):
             return None
         config = model.config
         if getattr(config, "activation_function", "gelu") != "gelu":
@@ -133,12 +134,16 @@ class NativeStep:
         frames = adapter.cross[0][0].shape[-2]
         step = native.StepModel(
             layers=len(decoder.layers), d=config.d_model, heads=adapter.heads, frames=frames,
-            ffn=config.decoder_ffn_dim, capacity=0, cross_kind=native.WEIGHT_KINDS[cross_dtype], eps=adapter.eps,
+            ffn=config.decoder_ffn_dim, capacity=0, cross_kind=native.WEIGHT_KINDS[cross_dtype],
+            embed_kind=native.WEIGHT_KINDS[adapter.embed_tokens.dtype], eps=adapter.eps,
             layer=ctypes.cast(layers, ctypes.POINTER(native.StepLayer)),
             embed_tokens=_tensor(adapter.embed_tokens.detach().contiguous(), keep),
             embed_positions=_tensor(adapter.embed_positions.detach().contiguous(), keep),
             norm_w=final[0], norm_b=final[1])
-        return NativeStep(step, layers, keep, frames, native.MAX_ROWS)
+        # A decoder whose rows must not depend on the pass's width (the int8 model: `adapter.span`) steps through
+        # here for every width decoding meets; the others for the few rows where one call beats the layers'.
+        rows = MANY_ROWS - 1 if adapter.span is not None else native.MAX_ROWS
+        return NativeStep(step, layers, keep, frames, rows)
 
     def applies(self, cache: StaticKVCache, width: int) -> bool:
         """Whether a pass of `width` new tokens over `cache` can run here (one row, contiguous buffers)."""

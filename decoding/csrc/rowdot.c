@@ -226,9 +226,11 @@ typedef struct {
 typedef struct {
   int64_t layers, d, heads, frames, ffn, capacity;
   int64_t cross_kind; /* F32 or BF16 */
+  int64_t embed_kind; /* the token table's: F32 or BF16 */
   float eps;
   const step_layer* layer;
-  const float *embed_tokens, *embed_positions;  /* float32 [vocab, d], [positions, d] */
+  const void* embed_tokens;                     /* [vocab, d] (embed_kind) */
+  const float* embed_positions;                 /* float32 [positions, d] */
   const float *norm_w, *norm_b;                 /* the final layer norm */
 } step_model;
 
@@ -276,8 +278,8 @@ static void softmax_row(float* s, int64_t n) {
 
 /* out[r] = softmax(q[r] . keys / sqrt(hd)) . values for one head: keys and values [count, hd], float32 or
  * bfloat16 (kind); row r sees the first visible + r keys (causal over the new rows; all of them when causal = 0).
- * The rows (at most MAX_ROWS) share one pass over the keys and one over the values; each row's sums run in the
- * same order whatever the row count. `scores` holds rows * stride floats. */
+ * The rows share one pass over the keys, and each block of MAX_ROWS rows one over the values; each row's sums run
+ * in the same order whatever the row count. `scores` holds rows * stride floats. */
 static inline __attribute__((always_inline)) void attend(const float* q, int64_t q_stride, const void* keys,
                                                          const void* values, int64_t count, int64_t visible,
                                                          int causal, int kind, int64_t hd, int64_t rows,
@@ -294,14 +296,18 @@ static inline __attribute__((always_inline)) void attend(const float* q, int64_t
       scores[r * stride + t] = hsum(a) * scale;
     }
   for (int64_t r = 0; r < rows; ++r) softmax_row(scores + r * stride, causal ? visible + r : count);
-  for (int64_t k = 0; k < hd; k += 16) {
-    v16 a[MAX_ROWS] = {{0}};
-    for (int64_t t = 0; t < last; ++t) {
-      v16 w = weights(values, t * hd + k, kind);
-      for (int64_t r = 0; r < rows; ++r)
-        if (!causal || t < visible + r) a[r] += scores[r * stride + t] * w;
+  for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+    int64_t block = rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS;
+    int64_t seen = causal ? visible + r0 + block - 1 : count;  /* the keys the block's last row sees */
+    for (int64_t k = 0; k < hd; k += 16) {
+      v16 a[MAX_ROWS] = {{0}};
+      for (int64_t t = 0; t < seen; ++t) {
+        v16 w = weights(values, t * hd + k, kind);
+        for (int64_t r = 0; r < block; ++r)
+          if (!causal || t < visible + r0 + r) a[r] += scores[(r0 + r) * stride + t] * w;
+      }
+      for (int64_t r = 0; r < block; ++r) memcpy(out + (r0 + r) * out_stride + k, &a[r], sizeof a[r]);
     }
-    for (int64_t r = 0; r < rows; ++r) memcpy(out + r * out_stride + k, &a[r], sizeof a[r]);
   }
 }
 
@@ -310,7 +316,7 @@ static float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.707106781186547
 /* One step of a decoder over `rows` new tokens `ids` at positions start.. (its cache filled up to start): writes the
  * new keys and values into `keys`/`values` ([layers, heads, capacity, head_dim] float32) and the final-normed
  * hidden states of the last `outputs` rows into `out` [outputs, d]. `scratch` holds
- * rows * (6 d + ffn + threads * max(frames, capacity)) floats. At most MAX_ROWS rows; head dims multiples of 16. */
+ * rows * (6 d + ffn + threads * max(frames, capacity)) floats. Head dims multiples of 16. */
 void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t start, float* keys, float* values,
                 float* scratch, float* out, int64_t outputs, int threads) {
   const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, T = m->frames;
@@ -323,7 +329,8 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
   int64_t score_len = T > cap ? T : cap;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < d; ++i)
-      x[r * d + i] = m->embed_tokens[ids[r] * d + i] + m->embed_positions[(start + r) * d + i];
+      x[r * d + i] = weight_at(m->embed_tokens, ids[r] * d + i, (int)m->embed_kind)
+                     + m->embed_positions[(start + r) * d + i];
   #pragma omp parallel num_threads(threads)
   {
 #if defined(_OPENMP)
@@ -384,4 +391,4 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
 }
 
 /* Build check: the caller compares this with the version it expects. */
-int rowdot_version(void) { return 5; }
+int rowdot_version(void) { return 6; }
