@@ -32,13 +32,18 @@ def _rows(seed: int, count: int, width: int = 64, size: float = 8.0) -> torch.Te
     return torch.randn(1, count, width, generator=generator) * size
 
 
+def _case(seed: int, vocab: int) -> tuple[torch.Generator, list[int], torch.Tensor]:
+    """A seed's generator, the ids named exact (every special from 2500 on and 40 others) and 1-7 rows of h."""
+    generator = torch.Generator().manual_seed(seed)
+    exact_ids = sorted(set(range(2500, vocab)) | set(torch.randint(0, 2500, (40,), generator=generator).tolist()))
+    return generator, exact_ids, _rows(seed, count=1 + seed % 7, size=float(1 + seed % 20))
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_the_argmax_is_float32s_whatever_the_rules_mask(seed: int) -> None:
     head = _head(seed)
     vocab = head.weight.shape[0]
-    generator = torch.Generator().manual_seed(seed)
-    exact_ids = sorted(set(range(2500, vocab)) | set(torch.randint(0, 2500, (40,), generator=generator).tolist()))
-    x = _rows(seed, count=1 + seed % 7, size=float(1 + seed % 20))
+    generator, exact_ids, x = _case(seed, vocab)
     with torch.inference_mode():
         expected = x @ head.weight.T
         got = screened_head(head, exact_ids)(x)
@@ -184,9 +189,7 @@ def test_a_widened_heads_screen_gives_its_argmax_and_its_named_logits(seed: int)
     widened weights, whatever the rules mask, and the named ids' logits those of its own product."""
     head = _widened_head(seed)
     vocab = head.weight.shape[0]
-    generator = torch.Generator().manual_seed(seed)
-    exact_ids = sorted(set(range(2500, vocab)) | set(torch.randint(0, 2500, (40,), generator=generator).tolist()))
-    x = _rows(seed, count=1 + seed % 7, size=float(1 + seed % 20))
+    generator, exact_ids, x = _case(seed, vocab)
     with torch.inference_mode():
         expected = x @ head.weight.float().T
         got = screened_head(head, exact_ids)(x)
