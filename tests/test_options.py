@@ -236,6 +236,32 @@ def test_cli_detect_language_prints_a_language(tiny, tiny_folder: Path, wav: Pat
     assert piped.exit_code == 0 and piped.output.strip() == result.output.strip().replace(str(wav), "<stdin>")
 
 
+def test_cli_detect_language_reads_a_long_recording_as_transcribing_it_does(tiny_folder: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # A quiet first window of a longer recording: both clamp its features at the recording's floor
+    # (audio.recording_floor), as transcription's detection over the first window's encoder output does.
+    import asr.whisper.language
+    from audio import load_audio, recording_floor
+
+    audio = noise(45) * 2
+    audio[:30 * SAMPLE_RATE] *= 0.0015  # -56 dBFS at its peak, not skipped as silence; 16 % of it below the floor
+    path = tmp_path / "quiet-start.wav"
+    sf.write(path, audio, SAMPLE_RATE, subtype="FLOAT")
+    seen = []
+    log_mel = asr.whisper.language.log_mel
+
+    def spy(clips, n_mels, floors=None):
+        seen.extend(floors or [None])
+        return log_mel(clips, n_mels, floors=floors)
+
+    monkeypatch.setattr(asr.whisper.language, "log_mel", spy)
+    result = CliRunner().invoke(main, ["transcribe", str(path), "--model", str(tiny_folder), "--detect-language",
+                                       "--language-detection-segments", "2", "--language-detection-threshold", "1"])
+    assert result.exit_code == 0, result.output
+    expected = recording_floor(load_audio(str(path)))
+    assert expected is not None and seen == [expected, expected]
+
+
 def test_cli_detect_language_per_channel_with_split_stereo(tiny_folder: Path, tmp_path: Path) -> None:
     t = np.arange(SAMPLE_RATE * 2) / SAMPLE_RATE
     stereo = np.stack([0.3 * np.sin(2 * np.pi * 220 * t), 0.3 * np.sin(2 * np.pi * 550 * t)], axis=1)

@@ -80,14 +80,17 @@ def detect_languages_cli(bundle, files, options, split_stereo: bool = False) -> 
 
     from asr.cli.transcribe_io import audio_inputs
     from asr.whisper.language import detect_language
-    from audio import load_audio
+    from audio import load_audio, recording_floor
 
     failures = 0
     for path in files:
         try:
             for audio in audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read()):
-                language, probs = detect_language(bundle, load_audio(audio.source), options.language_detection_segments,
-                                                  options.language_detection_threshold)
+                samples = load_audio(audio.source)
+                # The recording's floor, as transcribing it would detect (asr.items._Item.floor).
+                language, probs = detect_language(bundle, samples, options.language_detection_segments,
+                                                  options.language_detection_threshold,
+                                                  recording_floor(samples, bundle.n_mels))
                 click.echo(f"{audio.name}: {language} {probs[language]:.4f}")
         except ValueError as error:
             click.echo(f"error: {error}", err=True)
