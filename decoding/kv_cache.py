@@ -47,6 +47,15 @@ class StaticKVCache:
         self.values[layer, :, :, start:end] = values
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
+    def write_at(self, layer: int, slots: torch.Tensor, keys: torch.Tensor,
+                 values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores `[B, kv_heads, T, head_dim]` keys and values at the `[T]` slots of `layer` that a tensor holds
+        (no host value: a CUDA graph replays it for any slots); returns the layer's buffers, every slot."""
+        keys_out, values_out = self.keys[layer], self.values[layer]
+        keys_out.index_copy_(2, slots, keys.to(keys_out.dtype))
+        values_out.index_copy_(2, slots, values.to(values_out.dtype))
+        return keys_out, values_out
+
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
 

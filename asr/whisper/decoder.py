@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from asr.models.offload import offload_store
+from asr.whisper.graphed_step import graphed_steps
 from asr.whisper.native_step import NativeStep
 from decoding.causal_lm import layer_norm_fn, linear_fn
 from decoding.kernels import Attention, linear, prompt_pass
@@ -73,6 +75,10 @@ class WhisperDecoderAdapter:
             self.cross = [(self.attention.prepare(self._split(layer.cross_k(encoder_output))),
                            self.attention.prepare(self._split(layer.cross_v(encoder_output)), keys=False))
                           for layer in self._plans()]
+        # Renewed whenever `cross` is: graphs copy the keys and values into their buffers when it changes.
+        self.cross_version = next(_CROSS_VERSIONS)
+        # On a GPU, steps after the prompt replay CUDA graphs (`asr.whisper.graphed_step`).
+        self.graphs = graphed_steps(self)
 
     def _plans(self) -> Iterator[_LayerPlan]:
         """Each layer's functions in order; an offloaded layer's weights are fetched as its turn comes (the store
@@ -86,46 +92,67 @@ class WhisperDecoderAdapter:
         return x.view(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
 
     def new_cache(self, batch_size: int = 1) -> StaticKVCache:
-        return StaticKVCache.empty(len(self.layers), batch_size, self.heads, self.head_dim, self.capacity,
+        cache = self.graphs.new_cache(self, batch_size) if self.graphs is not None else None
+        return cache if cache is not None else StaticKVCache.empty(len(self.layers), batch_size, self.heads, self.head_dim, self.capacity,
                                    self.kv_dtype, self.device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, num_logits: int,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        batch, width = input_ids.shape
         start = cache.length
-        end = start + width
+        end = start + input_ids.shape[1]
         cache.ensure(end)
-        if start > 0 and attention_mask is None and position_ids is None:
+        logits = None
+        if self.graphs is not None:
+            logits = self.graphs.forward(self, input_ids, cache, start, num_logits, attention_mask, position_ids)
+        if logits is None:
+            logits = self.pass_through_layers(input_ids, cache, start, num_logits, attention_mask, position_ids)
+        cache.length = end
+        return logits
+
+    def pass_through_layers(self, input_ids: torch.Tensor, cache: StaticKVCache, start: int, num_logits: int,
+                            attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                            native_step: bool = True) -> torch.Tensor:
+        """`forward`'s logits without a graph, the keys and values written from slot `start` (the cache's length
+        left to the caller); through the layers alone, never the native step, unless `native_step`."""
+        batch, width = input_ids.shape
+        if native_step and start > 0 and attention_mask is None and position_ids is None:
             step = self._step()
             if step is not None and step.applies(cache, width):  # causal over the new tokens, as below
-                hidden = step(input_ids, cache, start, num_logits)
-                cache.length = end
-                return self.proj_out(hidden[None]).float()
+                return self.proj_out(step(input_ids, cache, start, num_logits)[None]).float()
         if self.span is not None:
             attention_mask = _over_span(attention_mask, start, width, self.span, self.device)
         elif attention_mask is None and width > 1:
             attention_mask = causal_mask(start, width, self.device)
         if position_ids is None:
-            position_ids = torch.arange(start, end, device=self.device).expand(batch, width)
-        x = F.embedding(input_ids, self.embed_tokens).to(self.dtype) + self.embed_positions[position_ids]
+            position_ids = torch.arange(start, start + width, device=self.device).expand(batch, width)
+        x = self.embed(input_ids, position_ids)
         with prompt_pass(start == 0):
-            x = self._layers(x, cache, start, width, batch, attention_mask)
-        cache.length = end
+            x = self.layers_over(x, cache, start, attention_mask)
         return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
+
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """`[B, T]` token ids at `[B, T]` positions -> the first layer's input `[B, T, d]`."""
+        return F.embedding(input_ids, self.embed_tokens).to(self.dtype) + self.embed_positions[position_ids]
 
     def _step(self) -> NativeStep | None:
         if self._native_step is None:
             self._native_step = NativeStep.for_adapter(self, self.model, self.drafting) or False
         return self._native_step or None
 
-    def _layers(self, x: torch.Tensor, cache: StaticKVCache, start: int, width: int, batch: int,
-                attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """The decoder layers over `[batch, width, d]` hidden states written at cache slots from `start`."""
+    def layers_over(self, x: torch.Tensor, cache: StaticKVCache, start: int | torch.Tensor,
+                    attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The decoder layers over `[batch, width, d]` hidden states, their keys and values written at cache slots
+        from `start` on; or at the `[width]` slots `start` holds, self-attention then reading every slot the cache
+        has, as `attention_mask` (`[B or 1, 1, width, capacity]`) allows (a graph's fixed shapes)."""
+        batch, width = x.shape[:2]
         split = self._split
         for index, layer in enumerate(self._plans()):
             q, k, v = layer.qkv(layer.norm_self(x))
-            k, v = cache.write(index, start, split(k), split(v))
+            if isinstance(start, torch.Tensor):
+                k, v = cache.write_at(index, start, split(k), split(v))
+            else:
+                k, v = cache.write(index, start, split(k), split(v))
             if self.span is not None:
                 k, v = cache.keys[index, :, :, :self.span], cache.values[index, :, :, :self.span]
             a = self.attention(split(q), k, v, attention_mask)
@@ -150,6 +177,7 @@ class WhisperDecoderAdapter:
             index = torch.tensor(indices, device=self.device)
             subset._native_step = None  # built over these windows' keys and values
             subset.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
+            subset.cross_version = next(_CROSS_VERSIONS)
         return subset
 
     def screened(self, exact_ids: Sequence[int]) -> "WhisperDecoderAdapter":
@@ -161,23 +189,27 @@ class WhisperDecoderAdapter:
             return self
         screened = copy.copy(self)
         screened.proj_out = head
+        screened.graphs = None  # a CPU-only head, and no graph could record its data-dependent recomputation
         return screened
 
     def crop(self, cache: StaticKVCache, length: int) -> None:
         cache.crop(length)
 
     def select(self, cache: StaticKVCache, rows: torch.Tensor) -> None:
-        cache.select(rows)
+        self.select_cache(cache, rows)
         self.cross = [(k[rows], v[rows]) for k, v in self.cross]
+        self.cross_version = next(_CROSS_VERSIONS)
         self._native_step = None
 
     def select_cache(self, cache: StaticKVCache, rows: torch.Tensor) -> None:
         """`select` where every new row reads the same window as the row now in its place (beams of one window
         reordered): the cross-attention keys and values stay as they are."""
-        cache.select(rows)
+        if self.graphs is None or not self.graphs.select(self, cache, rows):
+            cache.select(rows)
 
 
 Fn = Callable[[torch.Tensor], Any]
+_CROSS_VERSIONS = itertools.count()
 
 
 def _over_span(mask: torch.Tensor | None, start: int, width: int, span: int, device: torch.device) -> torch.Tensor:
