@@ -12,6 +12,7 @@ and 8, then the whole engine round with an identical assistant (everything accep
 which gives the per-round overhead. On a CPU (`--device cpu --dtypes float32 --batches 1 --no-rounds`) the
 same step costs decide what `auto` picks there. Writes docs/figures/gpu-shapes.json and .md (with another
 --family, gpu-shapes-FAMILY; `--out` to change).
+(scripts/bench_graphs.py times the same shapes with and without CUDA graphs.)
 `real` transcribes clips (16 kHz float32 arrays in an .npz, references in its `__refs__` entry as JSON) with a
 real model folder on the GPU in float32, float16 and bfloat16, with and without a `self:` assistant, and writes
 every hypothesis to --out (default reports/gpu-real.json); `score` scores them here (the device image has no

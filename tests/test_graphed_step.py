@@ -43,7 +43,7 @@ def _graphed(model: torch.nn.Module, encoder_output: torch.Tensor) -> WhisperDec
 def _captured(model: torch.nn.Module) -> set[tuple[int, int, bool]]:
     """(batch size, width, masked) of every step captured for `model`."""
     steps = graphed_step._STEPS[model]
-    return {(b.batch_size, *key) for sets in steps.buffers.values() for b in sets for key in b.steps}
+    return {(b.batch_size, *key) for b in steps.buffers for key in b.steps}
 
 
 def test_graphs_apply_on_a_gpu_or_when_asked_and_never_to_a_screened_head() -> None:
@@ -142,14 +142,14 @@ def test_a_new_window_replays_the_same_graphs_over_its_own_encoder_output() -> N
         got, = generate_batch(_graphed(model, encoder_output), [PROMPT], options)
         assert got.tokens == expected.tokens
     steps = graphed_step._STEPS[model]
-    assert len(steps.buffers[1]) == 1  # each window's cache took the buffers its predecessor left
+    assert len(steps.buffers) == 1  # each window's cache took the buffers its predecessor left
 
 
 def test_buffers_are_lent_to_at_most_max_sets_live_caches() -> None:
     model = tiny_whisper(seed=1)
     adapter = _graphed(model, _outputs(1))
     caches = [adapter.new_cache(1) for _ in range(MAX_SETS + 1)]
-    lent = graphed_step._STEPS[model].buffers[1]
+    lent = graphed_step._STEPS[model].buffers
     assert [c.keys.data_ptr() for c in caches[:MAX_SETS]] == [b.keys.data_ptr() for b in lent]
     assert all(caches[-1].keys.data_ptr() != b.keys.data_ptr() for b in lent)  # its own, stepped through the layers
     plain = WhisperDecoderAdapter(model, _outputs(1))
@@ -161,6 +161,29 @@ def test_buffers_are_lent_to_at_most_max_sets_live_caches() -> None:
     del caches
     gc.collect()
     assert adapter.new_cache(1).keys.data_ptr() == lent[0].keys.data_ptr()
+
+
+def test_a_cache_takes_a_free_set_up_to_twice_its_rows_and_a_full_model_drops_a_free_one() -> None:
+    model = tiny_whisper(seed=6)
+    outputs = _outputs(6, batch=4)
+    steps = graphed_step._STEPS
+    four = _graphed(model, outputs).new_cache(4)
+    del four
+    three = _graphed(model, outputs[:3]).new_cache(3)
+    assert [b.batch_size for b in steps[model].buffers] == [4]  # three rows at the front of four
+    assert three.keys.shape[1] == 3
+    one = _graphed(model, outputs[:1]).new_cache(1)  # not a set of four for one row: its own
+    two = _graphed(model, outputs[:2]).new_cache(2)
+    assert sorted(b.batch_size for b in steps[model].buffers) == [1, 2, 4]
+    del one
+    gc.collect()
+    kept = [_graphed(model, outputs[:n]).new_cache(n) for n in (3, 4)]  # a fourth set, then a fifth in place of 1
+    assert len(steps[model].buffers) == MAX_SETS
+    assert sorted(b.batch_size for b in steps[model].buffers) == [2, 3, 4, 4]
+    assert all(not b.free() for b in steps[model].buffers)
+    assert _graphed(model, outputs[:1]).new_cache(1).keys.data_ptr() not in {
+        b.keys.data_ptr() for b in steps[model].buffers}  # every set in use: a cache of its own
+    del three, two, kept
 
 
 def test_a_step_that_disagrees_with_the_layers_turns_graphs_off_and_keeps_the_words(monkeypatch, caplog) -> None:
@@ -226,4 +249,4 @@ def test_a_real_recording_over_graphs_has_the_words_it_has_without_them(base, sp
     assert got.text == expected.text
     assert [s.tokens for s in got.segments] == [s.tokens for s in expected.segments]
     steps = graphed_step._STEPS[base.model]
-    assert steps.enabled and any(b.steps for sets in steps.buffers.values() for b in sets)
+    assert steps.enabled and any(b.steps for b in steps.buffers)

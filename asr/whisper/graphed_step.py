@@ -3,18 +3,19 @@
 On a GPU a decoder step of a few tokens is some thirty kernels a layer, and launching them from Python takes
 longer than running them (large-v3's step: 12.3 ms at batch 1 through the layers, docs/benchmarks.md). A CUDA
 graph records one step's kernels once and launches them all again with one call. A graph reads and writes fixed
-addresses, so a model's steps run over buffers kept with the model (`GraphedSteps`), per batch size: key/value
-buffers of the model's whole length (448 slots; self-attention runs over all of them with the slots past each
-token masked, which weigh nothing), the cross-attention keys and values of the windows being decoded (copied in
-when the windows change), the new tokens, the step's first slot, the mask and positions of a ragged batch, and
-the logits. A graph per width (new tokens, up to `MAX_WIDTH`) and mask kind is captured the first time a step
-needs it and kept, so every window of every recording replays it.
+addresses, so a model's steps run over sets of buffers kept with the model (`GraphedSteps`), each for a number of
+rows: key/value buffers of the model's whole length (448 slots; self-attention runs over all of them with the
+slots past each token masked, which weigh nothing), the cross-attention keys and values of the windows being
+decoded (copied in when the windows change), the new tokens, the step's first slot, the mask and positions of a
+ragged batch, and the logits. A graph per width (new tokens, up to `MAX_WIDTH`) and mask kind is captured over a
+set the first time a step needs it and kept, so every window of every recording replays it.
 
-A cache takes the buffers at `new_cache` when a set of them is free (its last cache gone, at most
-`MAX_SETS` per batch size: a model and an identical assistant, or a decode and a fallback, at once); rows leaving
-the batch are moved to the front of the same buffers, the rows behind them computed and ignored. The prompt pass,
-wider steps and any pass over a cache without the buffers run through the layers as before (the same kernels,
-launched one by one).
+A cache takes a set at `new_cache` when one is free (its last cache gone): the smallest for at least its rows and
+at most twice as many (its rows at the front, the others computed and ignored), else a new one; at most
+`MAX_SETS` are kept (a model and an identical assistant, a decode and its fallback, at once), a free one
+dropped to make room. Rows leaving the batch move to the front of the same buffers; beams widening it, to a set
+for that many rows. The prompt pass, wider steps and any pass over a cache without a set's buffers run through
+the layers as before (the same kernels, launched one by one).
 
 `ASSISTED_WHISPER_CUDA_GRAPHS=0` turns graphs off. On a CPU there are none; `replayed_eagerly()` runs the same
 steps there, each step's recorded function called instead of replayed, so that tests check the buffers'
@@ -38,8 +39,8 @@ from decoding.kv_cache import StaticKVCache, causal_mask
 
 # Widest step a graph is captured for: a check of up to 15 drafts. Wider passes go through the layers.
 MAX_WIDTH = 16
-# Buffer sets per batch size (each holds the model's whole key/value length for that many rows).
-MAX_SETS = 2
+# Buffer sets kept per model (each holds the model's whole key/value length for its rows, and its graphs).
+MAX_SETS = 4
 # Replays of each graph checked against the layers' pass (the capture's own and the next, at another slot).
 CHECKED_RUNS = 2
 
@@ -88,7 +89,8 @@ class _Step:
 
 
 class _Buffers:
-    """A batch size's key/value buffers, cross-attention keys and values, and the steps captured over them."""
+    """A set of buffers for `batch_size` rows (key/value, cross-attention, first slot) and the steps captured over
+    them."""
 
     def __init__(self, adapter: Any, batch_size: int) -> None:
         cache = StaticKVCache.empty(len(adapter.layers), batch_size, adapter.heads, adapter.head_dim,
@@ -117,7 +119,8 @@ class _Buffers:
         if self.cross_version == adapter.cross_version:
             return True
         if self.cross is None:
-            self.cross = [tuple(x.new_empty((self.batch_size, *x.shape[1:])) for x in pair) for pair in adapter.cross]
+            # Zeros, not garbage, in rows no window fills: their (ignored) attention stays finite.
+            self.cross = [tuple(x.new_zeros((self.batch_size, *x.shape[1:])) for x in pair) for pair in adapter.cross]
         rows = adapter.batch_size
         pairs = [(x, y) for pair, mine in zip(adapter.cross, self.cross) for x, y in zip(pair, mine)]
         if rows > self.batch_size or any(x.shape[1:] != y.shape[1:] for x, y in pairs):
@@ -134,11 +137,11 @@ class GraphedSteps:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.enabled = True  # off for good after a capture fails or a replay disagrees with the layers
-        self.buffers: dict[int, list[_Buffers]] = {}
+        self.buffers: list[_Buffers] = []
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
     def new_cache(self, adapter: Any, batch_size: int) -> StaticKVCache | None:
-        """A cache over a free set of buffers for `batch_size` rows, or None when `MAX_SETS` are in use."""
+        """A cache over a free set of buffers for `batch_size` rows, or None when every set is in use."""
         buffers = self._free(adapter, batch_size)
         if buffers is None:
             return None
@@ -146,22 +149,25 @@ class GraphedSteps:
         buffers.lend(cache, batch_size)
         return cache
 
-    def _free(self, adapter: Any, batch_size: int) -> _Buffers | None:
+    def _free(self, adapter: Any, rows: int) -> _Buffers | None:
+        """A free set for `rows` rows: the smallest holding them and at most twice as many, else a new one (a free
+        set dropped to make room), else the smallest free one holding them."""
         if not self.enabled:
             return None
-        sets = self.buffers.setdefault(batch_size, [])
-        buffers = next((b for b in sets if b.free()), None)
-        if buffers is None and len(sets) < MAX_SETS:
-            buffers = _Buffers(adapter, batch_size)
-            sets.append(buffers)
+        free = sorted((b for b in self.buffers if b.free() and b.batch_size >= rows), key=lambda b: b.batch_size)
+        if free and free[0].batch_size <= 2 * rows:
+            return free[0]
+        if len(self.buffers) >= MAX_SETS:
+            unused = [b for b in self.buffers if b.free()]
+            if not unused:
+                return free[0] if free else None
+            self.buffers.remove(min(unused, key=lambda b: b.batch_size))
+        buffers = _Buffers(adapter, rows)
+        self.buffers.append(buffers)
         return buffers
 
     def _owning(self, cache: StaticKVCache) -> _Buffers | None:
-        for sets in self.buffers.values():
-            for buffers in sets:
-                if buffers.lent is cache.keys and not buffers.free():
-                    return buffers
-        return None
+        return next((b for b in self.buffers if b.lent is cache.keys and not b.free()), None)
 
     def select(self, adapter: Any, cache: StaticKVCache, rows: torch.Tensor) -> bool:
         """Keeps `rows` of a cache over these buffers (a row given twice is copied): in the first rows of the same
