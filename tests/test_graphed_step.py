@@ -1,9 +1,10 @@
 """Decoder steps over the CUDA graphs' buffers (`asr.whisper.graphed_step`), checked on the CPU.
 
-There is no CUDA graph on a CPU: `replayed_eagerly()` calls each step's recorded function where a GPU would replay
-its graph. A recorded function reads everything that changes between steps from the graphs' buffers (it takes no
-arguments), so what these tests check is what a replay computes: the slots, positions, masks and windows it reads,
-the buffers' lending to caches, rows leaving and beams widening a batch, and the fallbacks.
+There is no CUDA graph on a CPU: within `replayed_eagerly()` a capture records a step's operations (PyTorch's own
+kernels, as on a GPU) and a replay runs them again over the same tensors, each result written where the recorded
+one lies, so a value read on the host at capture stays as read, as in a graph. What these tests check is what a
+replay computes: the slots, positions, masks and windows it reads, the buffers' lending to caches, rows leaving
+and beams widening a batch, and the fallbacks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from decoding import AssistantDraft
 from decoding.beam import BeamOptions, beam_search_batch
 from decoding.engine import GenerationOptions, generate_batch
 from decoding.filters import SamplingOptions
+from decoding.kv_cache import causal_mask
 from tests.test_ct2 import tiny_whisper
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -210,6 +212,26 @@ def test_a_step_that_disagrees_with_the_layers_turns_graphs_off_and_keeps_the_wo
     assert got.tokens == expected.tokens
     assert not graphed_step._STEPS[model].enabled
     assert "CUDA graphs turned off" in caplog.text
+
+
+def test_a_step_reading_a_host_value_replays_it_as_captured_and_graphs_turn_off(monkeypatch, caplog) -> None:
+    """What a replay computes from a value read on the host at capture (here the self-attention mask, from the first
+    slot as a Python int) is what it computed then, on a GPU and in the recording alike: the second checked replay,
+    at the next slot, catches it."""
+    model = tiny_whisper(seed=3)
+    encoder_output = _outputs(3)
+    options = GenerationOptions(max_new_tokens=10)
+    expected, = generate_batch(WhisperDecoderAdapter(model, encoder_output), [PROMPT], options)
+
+    def host_read_mask(start, width, device, slots=None):  # the mask's slots counted from a host copy
+        return causal_mask(int(start), width, device, slots)
+
+    monkeypatch.setattr(graphed_step, "causal_mask", host_read_mask)
+    with caplog.at_level(logging.WARNING, logger="asr.whisper.graphed_step"):
+        got, = generate_batch(_graphed(model, encoder_output), [PROMPT], options)
+    assert got.tokens == expected.tokens
+    assert not graphed_step._STEPS[model].enabled
+    assert "differs from the layers" in caplog.text
 
 
 def test_the_graphs_do_not_keep_their_model_alive() -> None:
