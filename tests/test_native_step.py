@@ -108,6 +108,24 @@ def test_batches_and_onednn_only_keep_the_layers() -> None:
     assert pair.rows([1])._step() is not None  # one window of two: its own keys and values
 
 
+def test_the_int8_models_cross_attention_is_bfloat16_values_that_its_step_reads_as_bfloat16() -> None:
+    from asr.models.precision import quantize_model
+
+    model = tiny_whisper(seed=6)
+    encoder_output = _encoder_output(model, 6)
+    float32 = WhisperDecoderAdapter(model, encoder_output)
+    int8_model = quantize_model(tiny_whisper(seed=6))
+    int8 = WhisperDecoderAdapter(int8_model, encoder_output)
+    for adapter, rounded in ((float32, False), (int8, True)):
+        values = torch.cat([x.reshape(-1) for pair in adapter.cross for x in pair])
+        assert values.dtype == torch.float32
+        assert torch.equal(values.to(torch.bfloat16).float(), values) == rounded
+        adapter.forward(PROMPT, adapter.new_cache(1), 1)
+        step = adapter._step()
+        kind = torch.bfloat16 if rounded else torch.float32
+        assert step is not None and step.model.cross_kind == native.WEIGHT_KINDS[kind]
+
+
 def test_a_small_int8_copy_keeps_its_dequantized_weights_for_prompts() -> None:
     model = tiny_whisper(seed=5)
     copy, _ = low_precision_decoder(model, "int8")

@@ -70,10 +70,17 @@ class WhisperDecoderAdapter:
         self.capacity = max(capacity, self.span or 0)
         self.attention = Attention(self.device, exact_rows=self.span is not None)
         self.kv_dtype = self.attention.dtype(self.dtype)
+        # A model may keep its cross-attention keys and values at a lower precision (the int8 model: bfloat16).
+        rounding = getattr(model, "cross_attention_dtype", None)
+
+        def project(fn: Fn, x: torch.Tensor) -> torch.Tensor:
+            y = fn(x)
+            return y.to(rounding).to(y.dtype) if rounding is not None else y
+
         with torch.inference_mode():
             encoder_output = encoder_output.to(self.dtype)
-            self.cross = [(self.attention.prepare(self._split(layer.cross_k(encoder_output))),
-                           self.attention.prepare(self._split(layer.cross_v(encoder_output)), keys=False))
+            self.cross = [(self.attention.prepare(self._split(project(layer.cross_k, encoder_output))),
+                           self.attention.prepare(self._split(project(layer.cross_v, encoder_output)), keys=False))
                           for layer in self._plans()]
         # Renewed whenever `cross` is: graphs copy the keys and values into their buffers when it changes.
         self.cross_version = next(_CROSS_VERSIONS)
@@ -93,8 +100,10 @@ class WhisperDecoderAdapter:
 
     def new_cache(self, batch_size: int = 1) -> StaticKVCache:
         cache = self.graphs.new_cache(self, batch_size) if self.graphs is not None else None
-        return cache if cache is not None else StaticKVCache.empty(len(self.layers), batch_size, self.heads, self.head_dim, self.capacity,
-                                   self.kv_dtype, self.device)
+        if cache is None:
+            cache = StaticKVCache.empty(len(self.layers), batch_size, self.heads, self.head_dim, self.capacity,
+                                        self.kv_dtype, self.device)
+        return cache
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, num_logits: int,

@@ -6,7 +6,8 @@ step ~1 ms more than its products and attention. After the prompt, a float32 (or
 one window can run as one C function over the same weights and cache: the layers, the cache writes and the final
 norm, every row computed on its own in one fixed order (a check of drafts gives each row a one-token step's bits).
 A drafting copy reads its cross-attention keys and values in bfloat16 (its logits need not be its own last bits:
-the model checks every token it proposes); a model keeps them in float32. The int8 model (`--dtype int8`, whose
+the model checks every token it proposes); a float32 model keeps them in float32, the int8 model, whose keys and
+values are bfloat16 values, reads them so. The int8 model (`--dtype int8`, whose
 token table is bfloat16, widened as it is read) takes every pass after its prompt through it, whatever its width,
 so that each row has one step's bits however many drafts are checked with it. The prompt pass, the head and
 every other pass stay as they are.
@@ -101,7 +102,9 @@ class NativeStep:
         config = model.config
         if getattr(config, "activation_function", "gelu") != "gelu":
             return None
-        cross_dtype = torch.bfloat16 if drafting else torch.float32
+        # A model whose keys and values are bfloat16 values (`cross_attention_dtype`) loses nothing read so.
+        bf16_cross = drafting or getattr(model, "cross_attention_dtype", None) == torch.bfloat16
+        cross_dtype = torch.bfloat16 if bf16_cross else torch.float32
         decoder = model.get_decoder()
         keep: list[torch.Tensor] = []
         layers = (native.StepLayer * len(decoder.layers))()
