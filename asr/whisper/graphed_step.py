@@ -15,7 +15,9 @@ at most twice as many (its rows at the front, the others computed and ignored), 
 `MAX_SETS` are kept (a model and an identical assistant, a decode and its fallback, at once), a free one
 dropped to make room. Rows leaving the batch move to the front of the same buffers; beams widening it, to a set
 for that many rows. The prompt pass, wider steps and any pass over a cache without a set's buffers run through
-the layers as before (the same kernels, launched one by one).
+the layers as before (the same kernels, launched one by one). The capture's replay and the next one of every graph
+are checked against the layers' pass: a difference beyond rounding, or a capture that fails, turns the model's
+graphs off with a warning, so a wrong graph costs speed, never words.
 
 `ASSISTED_WHISPER_CUDA_GRAPHS=0` turns graphs off. On a CPU there are none; within `replayed_eagerly()` the same
 steps run there with PyTorch's own kernels (SDPA, `F.linear`, as on a GPU), a capture recording the step's
