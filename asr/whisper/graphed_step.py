@@ -279,17 +279,23 @@ class GraphedSteps:
         itself outside a GPU (`replayed_eagerly()`)."""
         if self.device.type != "cuda":
             return _Recording(run)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
+        # On the model's device, whichever is current (a process of `accelerate launch` may hold several).
+        with torch.cuda.device(self.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: a reader thread allocating memory meanwhile (audio loading) does not break the capture.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a reader thread allocating memory meanwhile (audio loading) does not break the capture.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            run()
-        return graph.replay
+
+        def replay() -> None:
+            with torch.cuda.device(self.device):
+                graph.replay()
+        return replay
 
 
 class _Recording(TorchDispatchMode):
