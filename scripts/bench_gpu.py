@@ -103,9 +103,41 @@ def shapes_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds: bool, family: str) -> None:
+def family_models(family: str, dtype: torch.dtype, device: str) -> dict[str, torch.nn.Module]:
+    """A family's decoders (`FAMILIES`) with random weights, by name, the teacher first."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
+    shape, decoders = FAMILIES[family]
+    teacher = decoders[0][0]
+    models = {}
+    for name, layers in decoders:
+        with torch.device(device):
+            # Only the teacher's encoder runs; the others read its output (a 1-layer encoder saves memory).
+            config = WhisperConfig(**{**shape, "decoder_layers": layers,
+                                      "encoder_layers": shape["encoder_layers"] if name == teacher else 1,
+                                      "max_target_positions": 448, "max_source_positions": 1500})
+            models[name] = WhisperForConditionalGeneration(config).to(dtype).eval()
+    return models
+
+
+def pass_ms(adapter, batch: int, device: str, widths: tuple[int, ...]) -> dict[int, float]:
+    """Median milliseconds of `adapter`'s decoder pass of each width after a 100-token prompt (cropped back to
+    it before every pass)."""
+    cache = adapter.new_cache(batch)
+    adapter.forward(torch.full((batch, 100), 400, device=device), cache, 1)
+    times = {}
+    for width in widths:
+        ids = torch.full((batch, width), 400, device=device)
+
+        def step(ids=ids, width=width) -> None:
+            adapter.crop(cache, 100)
+            adapter.forward(ids, cache, width)
+
+        times[width] = 1000 * _timed(step)
+    return times
+
+
+def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds: bool, family: str) -> None:
     from asr.whisper.decoder import WhisperDecoderAdapter
     from asr.whisper.window import encode
 
@@ -114,14 +146,7 @@ def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds:
     results: dict = {"device": _device_name(device), "family": family, "dtypes": {}}
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
-        models = {}
-        for name, layers in decoders:
-            with torch.device(device):
-                # Only the teacher's encoder runs; the others read its output (a 1-layer encoder saves memory).
-                config = WhisperConfig(**{**shape, "decoder_layers": layers,
-                                          "encoder_layers": shape["encoder_layers"] if name == teacher else 1,
-                                          "max_target_positions": 448, "max_source_positions": 1500})
-                models[name] = WhisperForConditionalGeneration(config).to(dtype).eval()
+        models = family_models(family, dtype, device)
         features = torch.randn(max(batches), shape["num_mel_bins"], 3000, device=device, dtype=dtype)
         entry: dict = {}
         for batch in batches:
@@ -129,17 +154,8 @@ def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds:
             entry[f"encoder_b{batch}_s"] = _timed(
                 lambda m=models[teacher], f=features, b=batch: encode(m, f[:b]), 5)
             for name, model in models.items():
-                adapter = WhisperDecoderAdapter(model, encoder_output)
-                cache = adapter.new_cache(batch)
-                adapter.forward(torch.full((batch, 100), 400, device=device), cache, 1)
-                for width in WIDTHS:
-                    ids = torch.full((batch, width), 400, device=device)
-
-                    def step(adapter=adapter, cache=cache, ids=ids, width=width) -> None:
-                        adapter.crop(cache, 100)
-                        adapter.forward(ids, cache, width)
-
-                    entry[f"{name}_b{batch}_w{width}_ms"] = 1000 * _timed(step)
+                times = pass_ms(WhisperDecoderAdapter(model, encoder_output), batch, device, WIDTHS)
+                entry.update({f"{name}_b{batch}_w{width}_ms": ms for width, ms in times.items()})
         if rounds:
             entry.update(_rounds(models[teacher], models[student], encode(models[teacher], features[:1])))
         results["dtypes"][dtype_name] = entry

@@ -17,7 +17,7 @@ import argparse
 import json
 
 import torch
-from bench_gpu import FAMILIES, _device_name, _sync, _timed
+from bench_gpu import FAMILIES, _device_name, _sync, family_models, pass_ms
 from benchlib import command_line, figure_path, timed, write_figures
 
 GRAPH_WIDTHS = (1, 2, 4, 6, 9)
@@ -87,8 +87,6 @@ def graph_table(results: dict) -> str:
 
 def graphs(out: str, device: str, dtypes: list[str], batches: list[int], family: str) -> None:
     """Decoder passes and rounds with and without CUDA graphs (see the module's docstring)."""
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
-
     from asr.whisper.window import encode
 
     shape, decoders = FAMILIES[family]
@@ -96,33 +94,15 @@ def graphs(out: str, device: str, dtypes: list[str], batches: list[int], family:
     results: dict = {"device": _device_name(device), "family": family, "dtypes": {}}
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
-        models = {}
-        for name, layers in decoders:
-            with torch.device(device):
-                config = WhisperConfig(**{**shape, "decoder_layers": layers,
-                                          "encoder_layers": shape["encoder_layers"] if name == teacher else 1,
-                                          "max_target_positions": 448, "max_source_positions": 1500})
-                models[name] = WhisperForConditionalGeneration(config).to(dtype).eval()
+        models = family_models(family, dtype, device)
         features = torch.randn(max(batches), shape["num_mel_bins"], 3000, device=device, dtype=dtype)
         entry: dict = {"steps": {}, "rounds": {}}
         for batch in batches:
             encoder_output = encode(models[teacher], features[:batch])
             for name, model in models.items():
-                row: dict = {}
-                for kind in ("layers", "graphs"):
-                    adapter = _adapter(model, encoder_output, kind == "graphs")
-                    cache = adapter.new_cache(batch)
-                    adapter.forward(torch.full((batch, 100), 400, device=device), cache, 1)
-                    row[kind] = {}
-                    for width in GRAPH_WIDTHS:
-                        ids = torch.full((batch, width), 400, device=device)
-
-                        def step(adapter=adapter, cache=cache, ids=ids, width=width) -> None:
-                            adapter.crop(cache, 100)
-                            adapter.forward(ids, cache, width)
-
-                        row[kind][str(width)] = 1000 * _timed(step)
-                    del adapter, cache
+                row = {kind: {str(w): ms for w, ms in pass_ms(_adapter(model, encoder_output, kind == "graphs"),
+                                                               batch, device, GRAPH_WIDTHS).items()}
+                       for kind in ("layers", "graphs")}
                 entry["steps"][f"{batch}:{name}"] = row
                 print(dtype_name, batch, name, json.dumps(row), flush=True)
         encoder_output = encode(models[teacher], features[:1])
