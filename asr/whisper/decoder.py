@@ -71,7 +71,8 @@ class WhisperDecoderAdapter:
         self.attention = Attention(self.device, exact_rows=self.span is not None)
         self.kv_dtype = self.attention.dtype(self.dtype)
         # A model may keep its cross-attention keys and values at a lower precision (the int8 model: bfloat16).
-        rounding = getattr(model, "cross_attention_dtype", None)
+        self.cross_rounding: torch.dtype | None = getattr(model, "cross_attention_dtype", None)
+        rounding = self.cross_rounding
 
         def project(fn: Fn, x: torch.Tensor) -> torch.Tensor:
             y = fn(x)

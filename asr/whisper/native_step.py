@@ -102,8 +102,8 @@ class NativeStep:
         config = model.config
         if getattr(config, "activation_function", "gelu") != "gelu":
             return None
-        # A model whose keys and values are bfloat16 values (`cross_attention_dtype`) loses nothing read so.
-        bf16_cross = drafting or getattr(model, "cross_attention_dtype", None) == torch.bfloat16
+        # A model whose keys and values are bfloat16 values (`adapter.cross_rounding`) loses nothing read so.
+        bf16_cross = drafting or adapter.cross_rounding == torch.bfloat16
         cross_dtype = torch.bfloat16 if bf16_cross else torch.float32
         decoder = model.get_decoder()
         keep: list[torch.Tensor] = []
