@@ -10,14 +10,16 @@ _PUBLIC = {
     "load_model": "asr.models.registry",
     "make_assistant": "asr.assist.choose",
     "load_pair": "asr.assist.choose",  # a model and its assistant, from their names
-    "transcribe": "asr.longform",
-    "transcribe_segments": "asr.live",  # segments as they are decoded
+    "transcribe": "asr.transcription",
+    "transcribe_segments": "asr.transcription",  # segments as they are decoded
+    "transcribe_many": "asr.transcription",  # several audios, their windows decoded together
+    "Transcriber": "asr.transcription",  # a model, its assistant and options checked once, for many audios
     "TranscribeOptions": "asr.options",
     "SubtitleOptions": "asr.writers",
 }
 
-__all__ = ["SubtitleOptions", "TranscribeOptions", "load_model", "load_pair", "make_assistant", "transcribe",
-           "transcribe_segments"]
+__all__ = ["SubtitleOptions", "TranscribeOptions", "Transcriber", "load_model", "load_pair", "make_assistant",
+           "transcribe", "transcribe_many", "transcribe_segments"]
 
 
 def __getattr__(name: str):

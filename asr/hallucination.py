@@ -3,16 +3,26 @@ that look hallucinated (improbable, too short or too long words) instead of keep
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from asr.results import Segment, Word
 from audio.constants import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE
 
 if TYPE_CHECKING:
-    from asr.items import _Item
+    from asr.options import TranscribeOptions
     from asr.whisper.window import WindowResult
 
 PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
+
+
+class WindowPlace(Protocol):
+    """Where a window is in its audio (`asr.transcription.AudioProgress` is one)."""
+
+    options: TranscribeOptions
+    seek: int  # the window's first mel frame
+    segment_size: int  # the window's length in mel frames
+    content_frames: int  # the audio's length in mel frames
+    last_speech_timestamp: float  # the end of the last word kept so far, seconds
 
 
 def word_anomaly_score(word: Word) -> float:
@@ -43,7 +53,7 @@ def _last_word_end(segments: list[Segment]) -> float | None:
     return next((w.end for s in reversed(segments) for w in reversed(s.words or [])), None)
 
 
-def skip_hallucinations(item: _Item, result: WindowResult, segments: list[Segment], advance: int,
+def skip_hallucinations(item: WindowPlace, result: WindowResult, segments: list[Segment], advance: int,
                         timestamp_begin: int) -> tuple[list[Segment], int]:
     """openai-whisper's checks after word alignment, for one window.
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+from asr.constants import TASKS
 from audio.constants import FRAMES_PER_SECOND
 from audio.vad import VadOptions
 from decoding.schedule import make_schedule
 
-TASKS = ("transcribe", "translate")
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
+
 # Drafting when neither the options nor the assistant say otherwise: the seeds' heuristic, from 5 drafts.
 DEFAULT_SCHEDULE = ("heuristic", 5)
 # The VAD rules of the batched mode when none are given: short pauses end a region so that chunks can be cut
@@ -23,7 +27,8 @@ class TranscribeOptions:
 
     # What to produce: the spoken language (None: detect), the task, and timestamp tokens (segments at the
     # model's own times). Timestamps None: on for the sequential algorithm, off in the batched mode (one segment
-    # per chunk, as faster-whisper's batched pipeline: faster; docs/long-form.md "Timestamps or not").
+    # per chunk, as faster-whisper's batched pipeline: faster; docs/long-form.md "Timestamps or not");
+    # `uses_timestamps` says which.
     language: str | None = None
     task: str = "transcribe"
     timestamps: bool | None = None
@@ -65,7 +70,8 @@ class TranscribeOptions:
     # `vad` is given) into chunks of at most 30 s at pauses and decodes N chunks at a time, each without the
     # previous chunk's text.
     batch_size: int | None = None
-    # openai-whisper's and faster-whisper's further options (`check_options` below checks them).
+    # openai-whisper's and faster-whisper's further options (`check_options` below checks them; the command
+    # line's text forms are parsed by `parse_suppress_tokens` and `parse_clip_timestamps`).
     # Token ids never generated; -1 stands for the model's own suppress list (openai-whisper's "-1").
     suppress_tokens: tuple[int, ...] = (-1,)
     # (start, end, start, end, ...) seconds: only these clips are decoded; an odd count runs to the end.
@@ -95,8 +101,6 @@ class TranscribeOptions:
                 raise ValueError(f"{name} must be a number, got nan")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.timestamps is None:
-            object.__setattr__(self, "timestamps", self.batch_size is None)
         make_schedule(*self.drafting())
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
@@ -118,6 +122,11 @@ class TranscribeOptions:
                 raise ValueError(f"beam size {self.beam_size} with patience {self.patience} waits for no sequence")
         if self.length_penalty is not None and not 0 <= self.length_penalty <= 1:
             raise ValueError(f"length penalty must be between 0 and 1, got {self.length_penalty}")
+
+    @property
+    def uses_timestamps(self) -> bool:
+        """Whether windows are decoded with timestamp tokens: as given, else on unless chunks are batched."""
+        return self.batch_size is None if self.timestamps is None else self.timestamps
 
     @property
     def beam_search(self) -> bool:
@@ -164,17 +173,16 @@ def parse_clip_timestamps(text: str) -> tuple[float, ...]:
 
 
 def check_options(options: TranscribeOptions) -> None:
-    """Normalizes text forms (in place) and checks the values of the further options.
+    """Checks the values of the further options.
 
     Raises:
-        ValueError: a value out of range, or options that do not go together.
+        ValueError: a value out of range, text where numbers are expected, or options that do not go together.
     """
-    if isinstance(options.suppress_tokens, str):
-        object.__setattr__(options, "suppress_tokens", parse_suppress_tokens(options.suppress_tokens))
-    if isinstance(options.clip_timestamps, str):
-        object.__setattr__(options, "clip_timestamps", parse_clip_timestamps(options.clip_timestamps))
-    object.__setattr__(options, "suppress_tokens", tuple(int(t) for t in options.suppress_tokens))
-    object.__setattr__(options, "clip_timestamps", tuple(float(t) for t in options.clip_timestamps))
+    for name, kind, parse in (("suppress_tokens", int, "parse_suppress_tokens"),
+                              ("clip_timestamps", (int, float), "parse_clip_timestamps")):
+        value = getattr(options, name)
+        if isinstance(value, str) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"{name} must be a tuple of numbers, got {value!r} (text: asr.options.{parse})")
     if options.compression_ratio_threshold is not None and options.compression_ratio_threshold <= 0:
         raise ValueError(f"compression ratio threshold must be > 0, got {options.compression_ratio_threshold}")
     if options.no_speech_threshold is not None and not 0 <= options.no_speech_threshold <= 1:
@@ -214,7 +222,7 @@ def seek_clips(clip_timestamps: tuple[float, ...], content_frames: int) -> list[
     return [(min(start, content_frames), min(end, content_frames)) for start, end in zip(points[::2], points[1::2])]
 
 
-def suppress_list(options: TranscribeOptions, bundle) -> tuple[int, ...] | None:
+def suppress_list(options: TranscribeOptions, bundle: WhisperBundle) -> tuple[int, ...] | None:
     """The ids to suppress at every step; None for the model's own list (the default, `-1` alone).
 
     As openai-whisper: -1 adds the model's list, and Whisper's task, start and no-speech tokens are always added.
@@ -222,7 +230,7 @@ def suppress_list(options: TranscribeOptions, bundle) -> tuple[int, ...] | None:
     Raises:
         ValueError: an id outside the model's vocabulary.
     """
-    ids = options.suppress_tokens
+    ids = tuple(options.suppress_tokens)
     if ids == (-1,):
         return None
     vocabulary = len(bundle.tokenizer)
@@ -237,7 +245,7 @@ def suppress_list(options: TranscribeOptions, bundle) -> tuple[int, ...] | None:
     return tuple(sorted(chosen))
 
 
-def check_for_model(options: TranscribeOptions, bundle) -> tuple[int, ...] | None:
+def check_for_model(options: TranscribeOptions, bundle: WhisperBundle) -> tuple[int, ...] | None:
     """Checks the options against the model; returns `suppress_list`.
 
     Raises:
@@ -257,10 +265,16 @@ class PromptTexts:
     hotwords: list[int]  # in the previous-text part of windows without a prefix
 
 
-def prompt_texts(options: TranscribeOptions, bundle) -> PromptTexts:
+def prompt_room(bundle: WhisperBundle) -> int:
+    """Most tokens of earlier text a decoder prompt holds: half the decoder's context less one (openai-whisper's
+    limit for the previous text; faster-whisper's for the prefix and hotwords too)."""
+    return bundle.model.config.max_target_positions // 2 - 1
+
+
+def prompt_texts(options: TranscribeOptions, bundle: WhisperBundle) -> PromptTexts:
     """Tokenizes the initial prompt, the prefix and the hotwords as openai-whisper and faster-whisper do
-    (a leading space, at most half the decoder context for the prefix and the hotwords)."""
-    half = bundle.model.config.max_target_positions // 2 - 1
+    (a leading space, at most `prompt_room` tokens for the prefix and the hotwords)."""
+    half = prompt_room(bundle)
 
     def encode(text: str | None) -> list[int]:
         return bundle.tokenizer.encode(" " + text.strip(), add_special_tokens=False) if text else []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from decoding.stats import GenerationStats
 
@@ -89,7 +89,12 @@ class TranscriptionStats:
 
 @dataclass
 class Transcript:
-    """The result of `transcribe`."""
+    """The result of `asr.transcribe`: the text, its language, the segments and what decoding cost.
+
+    It also reads as openai-whisper's result dictionary: `result["text"]`, `result["segments"]` (as dicts),
+    `result["language"]`, plus `result["stats"]` and, when the language was detected, `result["language_probs"]`;
+    `keys()` lists them and `to_dict()` gives them all at once (the JSON output's dictionary).
+    """
 
     text: str
     language: str
@@ -98,14 +103,36 @@ class Transcript:
     # Probability of each language code when it was detected (None when given or English-only).
     language_probs: dict[str, float] | None = None
 
+    def keys(self) -> list[str]:
+        """The keys of `to_dict()`: text, language, segments, stats, and language_probs when it is known."""
+        keys = ["text", "language", "segments", "stats"]
+        return keys + ["language_probs"] if self.language_probs is not None else keys
+
+    def __getitem__(self, key: str) -> Any:
+        """`to_dict()[key]`, computing only that entry.
+
+        Raises:
+            KeyError: a key that `keys()` does not list.
+        """
+        if key not in self.keys():
+            raise KeyError(f"{key!r} (a Transcript has {', '.join(self.keys())})")
+        if key == "segments":
+            return [s.to_dict() for s in self.segments]
+        if key == "stats":
+            return self.stats.to_dict()
+        if key == "language_probs":
+            return {code: round(p, 6) for code, p in sorted(self.language_probs.items(), key=lambda kv: -kv[1])}
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys, as a dictionary's (so `dict(result)` works)."""
+        return iter(self.keys())
+
     def to_dict(self) -> dict[str, Any]:
-        data = {
-            "text": self.text,
-            "language": self.language,
-            "segments": [s.to_dict() for s in self.segments],
-            "stats": self.stats.to_dict(),
-        }
-        if self.language_probs is not None:
-            data["language_probs"] = {code: round(p, 6) for code, p in
-                                      sorted(self.language_probs.items(), key=lambda kv: -kv[1])}
-        return data
+        """The JSON output's dictionary: openai-whisper's result (text, segments as dicts, language) plus `stats`
+        (tokens, forward passes, drafted and accepted tokens, timings) and `language_probs` when detected, highest
+        first."""
+        return {key: self[key] for key in self.keys()}

@@ -2,8 +2,9 @@
 
 The `silero-vad` package ships the model files, so this works offline. Probabilities come from its "sequence"
 ONNX model (one onnxruntime call per ~16 s block), the cheapest of its three forms, with the same regions as
-the frame-by-frame ONNX and TorchScript models (`scripts/bench_vad.py` measures all three; docs/long-form.md). The region rules (threshold, minimum speech and silence, padding, maximum length)
-are the package's own `get_speech_timestamps_from_probs`, which faster-whisper's `VadOptions` mirror.
+the frame-by-frame ONNX and TorchScript models (`scripts/bench_vad.py` measures all three; docs/long-form.md).
+The region rules (threshold, minimum speech and silence, padding, maximum length) are the package's own
+`get_speech_timestamps_from_probs`, which faster-whisper's `VadOptions` mirror.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import numpy as np
 
 from audio.constants import SAMPLE_RATE
 
-# Probability backends: the fast default, and the two streaming models (for the benchmark).
-BACKENDS = ("onnx-sequence", "onnx", "jit")
 # Samples per VAD frame at 16 kHz.
 FRAME_SAMPLES = 512
 
@@ -62,54 +61,41 @@ class SpeechRegion:
         return (self.end - self.start) / SAMPLE_RATE
 
 
-def speech_regions(samples: np.ndarray, options: VadOptions = VadOptions(),
-                   backend: str = "onnx-sequence") -> list[SpeechRegion]:
+def speech_regions(samples: np.ndarray, options: VadOptions = VadOptions()) -> list[SpeechRegion]:
     """Silero VAD's speech regions of 16 kHz mono samples, in order, not overlapping.
 
     Args:
         samples: `[n_samples]` float32 at 16 kHz.
         options: the region rules.
-        backend: one of BACKENDS (the default is the cheapest; the others give the same regions).
 
     Returns:
         The regions, padded as the options say and clipped to the recording.
-
-    Raises:
-        ValueError: an unknown backend.
     """
-    probabilities = speech_probabilities(samples, backend)
-    found = _silero().utils_vad.get_speech_timestamps_from_probs(
+    return regions_of(speech_probabilities(samples), len(samples), options)
+
+
+def regions_of(probabilities: np.ndarray, n_samples: int, options: VadOptions = VadOptions()) -> list[SpeechRegion]:
+    """The speech regions that per-frame probabilities `[ceil(n_samples / 512)]` give under `options`'s rules."""
+    found = silero().utils_vad.get_speech_timestamps_from_probs(
         probabilities.tolist(), sampling_rate=SAMPLE_RATE, threshold=options.threshold,
         neg_threshold=options.neg_threshold, min_speech_duration_ms=options.min_speech_duration_ms,
         min_silence_duration_ms=options.min_silence_duration_ms,
         max_speech_duration_s=options.max_speech_duration_s, speech_pad_ms=options.speech_pad_ms,
-        audio_length_samples=len(samples),
+        audio_length_samples=n_samples,
     )
     return [SpeechRegion(int(r["start"]), int(r["end"])) for r in found if r["end"] > r["start"]]
 
 
-def speech_probabilities(samples: np.ndarray, backend: str = "onnx-sequence") -> np.ndarray:
-    """Per-frame (32 ms) speech probabilities, `[ceil(n_samples / 512)]` float32.
-
-    Raises:
-        ValueError: an unknown backend.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown VAD backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+def speech_probabilities(samples: np.ndarray) -> np.ndarray:
+    """Per-frame (32 ms) speech probabilities from the sequence ONNX model, `[ceil(n_samples / 512)]` float32."""
     samples = np.ascontiguousarray(samples, dtype=np.float32)
     if samples.size == 0:
         return np.zeros(0, dtype=np.float32)
-    model = _model(backend)
-    if backend == "onnx-sequence":
-        return model.audio_forward(samples)
-    import torch
-
-    with torch.inference_mode():
-        return model.audio_forward(torch.from_numpy(samples), SAMPLE_RATE).reshape(-1).numpy()
+    return _model().audio_forward(samples)
 
 
 @functools.lru_cache(maxsize=None)
-def _silero():
+def silero():
     """The silero_vad package, imported without its side effect: importing it sets torch's thread count to 1
     for the whole process (which halved the speed of every encoder pass after the first VAD call)."""
     import torch
@@ -125,5 +111,5 @@ def _silero():
 
 
 @functools.lru_cache(maxsize=None)
-def _model(backend: str):
-    return _silero().load_silero_vad(onnx=backend == "onnx", sequence=backend == "onnx-sequence")
+def _model():
+    return silero().load_silero_vad(onnx=False, sequence=True)

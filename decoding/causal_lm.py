@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from decoding.adapters import CausalLMAdapter, ModelAdapter, max_positions
-from decoding.kernels import OneDnnLinear, linear
+from decoding.kernels.products import OneDnnLinear, linear
 from decoding.kv_cache import StaticKVCache, causal_mask
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -185,7 +185,7 @@ class LlamaPass(_DirectPass):
 
 
 def linear_fn(module: torch.nn.Module) -> Fn:
-    """`module`'s forward without nn.Module's call machinery (`decoding.kernels.linear` for a plain Linear; the
+    """`module`'s forward without nn.Module's call machinery (`decoding.kernels.products.linear` for a plain Linear; the
     module's own forward for anything else, e.g. an int8 linear)."""
     if type(module) in (torch.nn.Linear, OneDnnLinear):
         return linear(module.weight, module.bias, getattr(module, "packed", None))

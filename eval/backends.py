@@ -1,6 +1,6 @@
 """The decoders an evaluation compares, behind one interface: samples in, text and costs out.
 
-- `LibraryBackend`: this project's `asr.longform.transcribe`, plain or assisted, sequential (optionally after
+- `LibraryBackend`: this project's `asr.transcription.transcribe`, plain or assisted, sequential (optionally after
   VAD) or batched.
 - `TransformersBackend`: transformers' own `WhisperForConditionalGeneration.generate`, with or without
   `assistant_model`, on the same loaded model (the baseline to beat).
@@ -8,6 +8,8 @@
   outside speed anchor, in a process of its own.
 
 A backend that cannot run here raises `BackendUnavailable` when it is built, so the run skips it with a reason.
+What every backend returns and the interface they share live in `eval.decoded`, which both this module and
+`eval.ctranslate2_backend` import.
 """
 
 from __future__ import annotations
@@ -15,57 +17,26 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Iterator, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
 from audio.constants import N_SAMPLES, SAMPLE_RATE
 from eval.configs import EvalConfig
+from eval.ctranslate2_backend import FasterWhisperBackend
+from eval.decoded import Backend, BackendUnavailable, Decoded
+
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
 
 # Whisper's window: audio longer than this needs transformers' long-form (sequential) call.
 WINDOW_SAMPLES = N_SAMPLES
 
 
-class BackendUnavailable(Exception):
-    """A configuration that cannot run on this machine (a package or a model form is missing)."""
-
-
-@dataclass
-class Decoded:
-    """What one configuration made of one item, and where the time went (None: the backend cannot tell)."""
-
-    text: str
-    # Language the text is in (given or detected), when the backend says.
-    language: str | None = None
-    # Wall time of the whole call, set by the runner, which times every backend alike.
-    seconds: float = 0.0
-    # Encoder passes (model and assistant) and the rest of decoding.
-    encode_seconds: float | None = None
-    decode_seconds: float | None = None
-    # Tokens produced, and forward passes of the model and the assistant that produced them.
-    generated_tokens: int | None = None
-    model_forward_passes: int | None = None
-    assistant_forward_passes: int | None = None
-    # Drafts checked, drafts kept, verification rounds, and accepted drafts per round -> rounds.
-    drafted_tokens: int | None = None
-    accepted_tokens: int | None = None
-    rounds: int | None = None
-    accepted_length_histogram: dict[int, int] | None = None
-
-
-class Backend(Protocol):
-    """One configuration, ready to decode items."""
-
-    config: EvalConfig
-
-    def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
-        """Transcribes 16 kHz mono float32 samples; `language` None means detect."""
-
-
 def kernel_switches(kernels: str | None) -> contextlib.ExitStack:
     """The `decoding.kernels` switches a configuration's `kernels=` names, as one context manager."""
-    from decoding.kernels import full_head, onednn_only, reference_kernels
+    from decoding.kernels.products import full_head, onednn_only, reference_kernels
 
     stack = contextlib.ExitStack()
     stack.enter_context(reference_kernels(kernels == "aten"))
@@ -75,9 +46,9 @@ def kernel_switches(kernels: str | None) -> contextlib.ExitStack:
 
 
 class LibraryBackend:
-    """`asr.longform.transcribe`, with or without an assistant."""
+    """`asr.transcription.transcribe`, with or without an assistant."""
 
-    def __init__(self, config: EvalConfig, bundle: Any, assistant: Any) -> None:
+    def __init__(self, config: EvalConfig, bundle: WhisperBundle, assistant: Any) -> None:
         from asr.options import TranscribeOptions
 
         self.config = config
@@ -101,7 +72,7 @@ class LibraryBackend:
         self.options = options
 
     def decode(self, samples: np.ndarray, language: str | None) -> Decoded:
-        from asr.longform import transcribe
+        from asr.transcription import transcribe
 
         with kernel_switches(self.config.kernels):
             transcript = transcribe(self.bundle, samples, replace(self.options, language=language), self.assistant)
@@ -131,7 +102,7 @@ class TransformersBackend:
     report acceptance, so drafts and acceptance are left unknown; tokens per model pass still show the gain.
     """
 
-    def __init__(self, config: EvalConfig, bundle: Any, assistant_bundle: Any | None) -> None:
+    def __init__(self, config: EvalConfig, bundle: WhisperBundle, assistant_bundle: WhisperBundle | None) -> None:
         self.config = config
         self.bundle = bundle
         self.assistant_model = None
@@ -256,7 +227,7 @@ class _PassCounter:
             self.encode_seconds += time.perf_counter() - self._started.pop()
 
 
-def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, device: str, dtype: Any,
+def make_backends(configs: list[EvalConfig], model_name: str, bundle: WhisperBundle, *, device: str, dtype: Any,
                   threads: int) -> tuple[list[Backend], dict[str, str]]:
     """Builds a backend for each configuration; assistants named twice are loaded once.
 
@@ -269,7 +240,6 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, de
     from asr.assist.choose import make_assistant
     from asr.models.precision import INT8, resolve_precision
     from asr.models.registry import load_model
-    from eval.ctranslate2_backend import FasterWhisperBackend
 
     assistants: dict[tuple[str, Any, bool, bool], Any] = {}
     bundles: dict[str, Any] = {}
@@ -282,7 +252,7 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: Any, *, de
             if config.kind in ("greedy", "assisted", "batched", "beam"):
                 precision = dtype if config.dtype is None else resolve_precision(config.dtype, device)
                 # An int8 model's and an int8 draft's form depends on the kernels (float32 activations over
-                # decoding.native, else bfloat16): built under the configuration's switches, as it runs.
+                # decoding.kernels.native, else bfloat16): built under the configuration's switches, as it runs.
                 plain_kernels = config.kernels in ("aten", "onednn")
                 form = (precision, plain_kernels and precision == INT8)
                 with kernel_switches(config.kernels):

@@ -12,9 +12,9 @@
 
 Options: `dtype=float32|bfloat16|float16|int8` (this library's kinds: the model in that precision, as
 `asr transcribe --dtype`; default: the run's `--dtype`), `kernels=aten|onednn|full-head` (this library's kinds: PyTorch's
-default kernels instead of this library's, as `ASSISTED_WHISPER_KERNELS=aten`; oneDNN for every product, none of
-`decoding.native`'s, as `ASSISTED_WHISPER_KERNELS=onednn`; or every greedy logit of a float32 head in float32, no
-bfloat16 screen, as `ASSISTED_WHISPER_KERNELS=full-head`), `schedule=heuristic|constant|confidence`,
+default kernels instead of this library's, `reference_kernels()`; oneDNN for every product, none of
+`decoding.kernels.native`'s, `onednn_only()`; or every greedy logit of a float32 head in float32, no bfloat16 screen,
+`full_head()`: the switches of `decoding.kernels.products`), `schedule=heuristic|constant|confidence`,
 `k=N` (drafts per round, at the start), `best_of=M` and `patience=P` (beam only), `temperature=T`
 (a single temperature, no fallback), `compute_type=default|int8|float32|...` (faster-whisper only), `vad` (Silero
 VAD: the speech only, `asr transcribe --vad`), `assistant=NAME` (batched only), `timestamps=on|off` (batched:
@@ -71,9 +71,9 @@ class EvalConfig:
     timestamps: bool | None = None  # None: the mode's default (off when batched)
     # The model's precision for this configuration (an `asr --dtype` name; None: the run's).
     dtype: str | None = None
-    # `aten`: PyTorch's default kernels (`decoding.kernels.reference_kernels`) instead of this library's; `onednn`:
-    # oneDNN's products only, no `decoding.native` (`decoding.kernels.onednn_only`); `full-head`: no bfloat16 screen
-    # of a float32 head (`decoding.kernels.full_head`); None: this library's defaults.
+    # `aten`: PyTorch's default kernels (`reference_kernels` in `decoding.kernels.products`) instead of this library's;
+    # `onednn`: oneDNN's products only, no `decoding.kernels.native` (`onednn_only`); `full-head`: no bfloat16 screen
+    # of a float32 head (`full_head`); None: this library's defaults.
     kernels: str | None = None
     # Beam search (beam kind; beam_size also faster-whisper's): beams at temperature 0, samples per fallback
     # temperature, patience.

@@ -11,8 +11,11 @@ from typing import Any
 import numpy as np
 
 from asr.errors import first_line
-from eval.backends import BackendUnavailable, Decoded
 from eval.configs import EvalConfig
+from eval.decoded import BackendUnavailable, Decoded
+
+# The one hint for installing faster-whisper, the outside speed anchor (pyproject's `baselines` extra).
+INSTALL_HINT = 'pip install -e ".[baselines]" (or pip install faster-whisper)'
 
 
 class FasterWhisperBackend:
@@ -29,8 +32,7 @@ class FasterWhisperBackend:
         try:
             import faster_whisper  # noqa: F401  (whether it is installed; the model loads in the worker)
         except ImportError:
-            raise BackendUnavailable("the faster-whisper package is not installed (pip install faster-whisper)") \
-                from None
+            raise BackendUnavailable(f"the faster-whisper package is not installed ({INSTALL_HINT})") from None
         folder = ct2_folder(model_name)
         if folder is None:
             raise BackendUnavailable(f"model {model_name!r} has no CTranslate2 (faster-whisper) form here")

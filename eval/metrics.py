@@ -6,7 +6,7 @@ import statistics
 from collections import Counter
 from typing import Any, Sequence
 
-from eval.backends import Decoded
+from eval.decoded import Decoded
 from eval.normalize import normalize
 from eval.runner import EvalItem, EvalRun, Failure
 from eval.wer import ErrorCounts, error_counts
@@ -17,11 +17,16 @@ NO_SUBSET = "(none)"
 DEFINITIONS = """\
 - WER: (S + D + I) / N over all items with a reference, after one normaliser on both sides
   (`eval.normalize`); characters instead of words for zh/ja/ko and other languages written without spaces.
-- RTF: processing time / audio time (lower is faster). Speed-up: the first configuration's total time over
-  this one's, on the items both decoded. Exactness: share of those items whose text equals the first's.
-- Tokens per second: generated tokens / decoder time. Forward passes per token: model passes / generated
-  tokens (1 for plain greedy; below 1 when drafts are accepted). Acceptance rate: accepted / drafted tokens.
-  Mean accepted length: tokens added per verification round (accepted drafts plus the model's own token).
+- RTF: processing time / audio time (lower is faster). Speed-up (total time): the reference (first)
+  configuration's total time over this one's, on the items both decoded; long items weigh most. Median per-item
+  speed-up: the median over those items of each item's own ratio, so a short clip weighs as much as a long
+  recording (gains on long recordings move the first and barely the second). Exactness: share of those items
+  whose text equals the reference configuration's.
+- Tokens per second: generated tokens / decoder time. Passes per token: model forward passes / generated
+  tokens (end-of-text included), counting each window's prompt pass and the passes of temperature-fallback
+  attempts: plain greedy is 1 plus one pass per window attempt (about 1.03 for windows of 33 tokens); below 1
+  when drafts are accepted. Acceptance rate: accepted / drafted tokens. Mean accepted length: tokens added per
+  verification round (accepted drafts plus the model's own token).
 - `-`: not measured. transformers' generate reports no drafts or acceptance (its passes are counted with
   hooks); faster-whisper reports no time split and no passes.
 """

@@ -51,20 +51,25 @@ def markdown(report: dict[str, Any]) -> str:
               f"- reference configuration (speed-up, exactness): `{report['reference_configuration']}`", ""]
 
     lines += ["## Accuracy and speed", "",
-              _table(["configuration", "WER", "S / D / I", "median RTF", "RTF", "total s", "speed-up",
+              _table(["configuration", "WER", "S / D / I", "median RTF", "RTF", "total s", "speed-up (total time)",
                       "exact", "items"],
                      [[f"`{c['name']}`", _pct(c["wer"]), f"{c['substitutions']} / {c['deletions']} / {c['insertions']}",
                        _num(c["median_rtf"], 3), _num(c["rtf"], 3), _num(c["total_seconds"], 2),
                        _times(c["speedup"]), _pct(c["exact_match_rate"], 0),
                        f"{c['items_decoded']}" + (f" ({len(c['items_failed'])} failed)" if c["items_failed"] else "")]
-                      for c in configs]), ""]
+                      for c in configs]), "",
+              f"Speed-up (total time): `{report['reference_configuration']}`'s total seconds over this "
+              "configuration's. Exact: items whose text is the reference configuration's.", ""]
     lines += ["## Where the time goes", "",
-              _table(["configuration", "encoder s", "decoder s", "median item s", "median speed-up", "tokens",
+              _table(["configuration", "encoder s", "decoder s", "median item s", "median per-item speed-up", "tokens",
                       "tokens/s", "passes/token", "acceptance", "mean accepted"],
                      [[f"`{c['name']}`", _num(c["encode_seconds"], 2), _num(c["decode_seconds"], 2),
                        _num(c["median_seconds"], 3), _times(c["median_item_speedup"]), _num(c["generated_tokens"], 0),
                        _num(c["tokens_per_second"], 1), _num(c["forward_passes_per_token"], 3),
-                       _pct(c["acceptance_rate"], 1), _num(c["mean_accepted_length"], 2)] for c in configs]), ""]
+                       _pct(c["acceptance_rate"], 1), _num(c["mean_accepted_length"], 2)] for c in configs]), "",
+              "Median per-item speed-up: the median of each item's own speed-up, so short clips weigh as much as long "
+              "recordings. Passes/token: model passes over generated tokens, each window's prompt pass included "
+              "(plain greedy is a little above 1).", ""]
     subsets = sorted({s for c in configs for s in c["subsets"]})
     if subsets:
         lines += ["## WER per subset", "",

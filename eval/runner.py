@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Sequence
 
 from asr.errors import first_line
 from audio.constants import SAMPLE_RATE
-from eval.backends import Backend, Decoded
+from eval.decoded import Backend, Decoded
 from eval.configs import EvalConfig
 
 logger = logging.getLogger(__name__)

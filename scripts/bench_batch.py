@@ -122,7 +122,7 @@ def main() -> None:
         print(f"{len(clips)} clips; loading {args.model}", file=sys.stderr)
         bundle, _ = load_pair(args.model, "none")
         assistants = {name: make_assistant(name, bundle) for name in args.assistants.split(",")}
-        from asr.longform import transcribe
+        from asr.transcription import transcribe
 
         warm = time.perf_counter()
         transcribe(bundle, clips[0]["audio"])  # warm-up: first-call allocations and kernel selection

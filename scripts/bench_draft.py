@@ -35,7 +35,7 @@ from asr.assist.choose import draft_folder, make_assistant
 from asr.assist.draft import load_draft
 from asr.distill.data import window_from_decoded
 from asr.distill.train import agreement
-from asr.longform import transcribe, transcribe_many
+from asr.transcription import transcribe, transcribe_many
 from asr.models.registry import load_model
 from asr.options import TranscribeOptions
 from asr.whisper.decoder import WhisperDecoderAdapter

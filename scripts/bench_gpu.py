@@ -170,7 +170,7 @@ def shapes(out: str, device: str, dtypes: list[str], batches: list[int], rounds:
 
 def real(model_dir: str, audio_path: str, out: str, device: str, limit: int | None) -> None:
     from asr.assist.choose import make_assistant
-    from asr.longform import transcribe, transcribe_many
+    from asr.transcription import transcribe, transcribe_many
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
 

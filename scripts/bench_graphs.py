@@ -1,4 +1,4 @@
-"""CUDA graphs on a GPU: decoder passes replayed as graphs (`asr.whisper.graphed_step`) against the layers launched
+"""CUDA graphs on a GPU: decoder passes replayed as graphs (`decoding.kernels.graphed_step`) against the layers launched
 one by one, on real shapes with random weights.
 
     python scripts/bench_graphs.py                         # large-v3 shapes -> docs/figures/gpu-graphs.{json,md}

@@ -60,7 +60,7 @@ def main() -> None:
     import soundfile as sf
 
     from asr.assist.choose import make_assistant
-    from asr.longform import transcribe
+    from asr.transcription import transcribe
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
 

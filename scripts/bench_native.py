@@ -1,14 +1,14 @@
-"""What decoding.native's row-by-row products save against oneDNN's, per product and per decoder step of `base`.
+"""What decoding.kernels.native's row-by-row products save against oneDNN's, per product and per decoder step of `base`.
 
     python scripts/bench_native.py [--threads 2] [--repeats 30] [--out docs/figures/native]
 
 1. Each of base's decoder product shapes (and its head in float32 and bfloat16) for 1 and 4 rows, over as many
    distinct weights as fill ~100 MB, so that every call reads its weight from memory as in a step: oneDNN over
-   the dense weight, oneDNN over its packed copy, and decoding.native; microseconds and GB/s of weight read.
+   the dense weight, oneDNN over its packed copy, and decoding.kernels.native; microseconds and GB/s of weight read.
 2. Int8 weights (one scale per row) for 1 and 4 rows: PyTorch's `_weight_int8pack_mm` (bfloat16 rows, the
-   `--dtype int8` model's kernel without decoding.native) against decoding.native's (float32 rows).
+   `--dtype int8` model's kernel without decoding.kernels.native) against decoding.kernels.native's (float32 rows).
 3. A decoder step on the first 30 s of the second sonnet at position ~45, one token and a check of 3 drafts
-   (4 rows), the head screened and in full, with decoding.native against `onednn_only()`, in turn, as medians;
+   (4 rows), the head screened and in full, with decoding.kernels.native against `onednn_only()`, in turn, as medians;
    and one-token steps of the int8 model and of `base-draft:int8` (each built under either kernel choice).
 
 Writes docs/figures/native.json and .md (`--out` to change).
@@ -27,8 +27,8 @@ from asr.models.registry import load_model
 from asr.whisper.decoder import WhisperDecoderAdapter
 from asr.whisper.window import encode
 from audio.load import load_audio
-from decoding import native
-from decoding.kernels import full_head, onednn_only
+from decoding.kernels import native
+from decoding.kernels.products import full_head, onednn_only
 
 SHAPES = {"attention projection 512 x 512": (512, 512), "fc1 2048 x 512": (2048, 512),
           "fc2 512 x 2048": (512, 2048), "head 51,865 x 512": (51865, 512)}
@@ -208,7 +208,7 @@ def main() -> None:
     args = parser.parse_args()
     use_threads(args.threads)
     if native.library() is None:
-        raise SystemExit("decoding.native could not be built here (no C compiler?)")
+        raise SystemExit("decoding.kernels.native could not be built here (no C compiler?)")
     data = {"products": products(args.repeats), "int8_products": int8_products(args.repeats),
             "steps": steps(max(3, args.repeats // 4)), "one_token_steps": one_token_steps(max(3, args.repeats // 4))}
     write_figures(args.out, data, table(data), command_line("bench_native.py"), machine())

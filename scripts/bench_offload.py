@@ -122,12 +122,12 @@ def child(config: str, threads: int) -> None:
     import torch
 
     from asr.assist.choose import make_assistant
-    from asr.longform import transcribe
+    from asr.transcription import transcribe
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
 
     torch.set_num_threads(threads)
-    from decoding.kernels import limit_kernel_caches
+    from decoding.kernels.products import limit_kernel_caches
 
     limit_kernel_caches()  # as the command line does
     place, *parts = config.split(":")
@@ -309,7 +309,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from decoding.kernels import limit_kernel_caches
+    from decoding.kernels.products import limit_kernel_caches
 
     limit_kernel_caches()  # as the command line does
     configs = args.configs.split(",")

@@ -25,7 +25,7 @@ from benchlib import (
 )
 
 from asr.assist.choose import make_assistant
-from asr.longform import transcribe
+from asr.transcription import transcribe
 from asr.models.registry import load_model
 
 

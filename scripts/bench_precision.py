@@ -2,9 +2,9 @@
 
     python scripts/bench_precision.py [--threads 2] [--out docs/figures/precision-steps]
 
-For PyTorch's default kernels in float32 (the kernels before oneDNN: `ASSISTED_WHISPER_KERNELS=aten`), this
+For PyTorch's default kernels in float32 (the kernels before oneDNN: `reference_kernels()`), this
 library's kernels in float32 with every logit of the head in float32 (before the bfloat16 screen:
-`ASSISTED_WHISPER_KERNELS=full-head`), and this library's kernels in float32 (the head screened as greedy decoding
+`full_head()`), and this library's kernels in float32 (the head screened as greedy decoding
 screens it), bfloat16 (where the CPU has it) and int8: the encoder per 30 s window, a
 model decoder pass over 1, 6 and 11 tokens (one step, and the check of 5 and 10 drafts), and one draft step of
 the `base-draft` and `self:int8` assistants. Configurations are measured in turn, round after round, and each
@@ -29,7 +29,7 @@ from asr.models.registry import load_model
 from asr.whisper.decoder import WhisperDecoderAdapter
 from asr.whisper.logit_rules import screen_exact_ids, whisper_filters
 from asr.whisper.window import encode
-from decoding.kernels import reference_kernels
+from decoding.kernels.products import reference_kernels
 
 WIDTHS = (1, 6, 11)
 PROMPT = [50258, 50259, 50359, 50364]

@@ -1,4 +1,5 @@
-"""What the screen (int8 for a few rows, bfloat16 for more) of `base`'s float32 head saves on real speech (decoding/screened_head.py).
+"""What the screen (int8 for a few rows, bfloat16 for more) of `base`'s float32 head saves on real speech
+(decoding/kernels/screened_head.py).
 
     python scripts/bench_screened_head.py [--threads 2] [--out docs/figures/screened-head]
 
@@ -19,9 +20,9 @@ import time
 import torch
 from benchlib import EVALDATA, command_line, figure_path, use_threads, write_figures
 
-import decoding.screened_head as screened
+import decoding.kernels.screened_head as screened
 from asr.assist.choose import make_assistant
-from asr.longform import transcribe
+from asr.transcription import transcribe
 from asr.models.registry import load_model
 from asr.options import TranscribeOptions
 from asr.whisper.logit_rules import screen_exact_ids, whisper_filters

@@ -18,6 +18,7 @@ each recording, so a run killed midway keeps what it finished.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -67,7 +68,7 @@ class Ours:
         self.name, self.bundle, self.options, self.assistant = name, bundle, options, assistant
 
     def run(self, samples: np.ndarray) -> dict:
-        from asr.longform import transcribe
+        from asr.transcription import transcribe
 
         result = transcribe(self.bundle, samples, self.options, self.assistant)
         lengths = [s.end - s.start for s in result.segments]
@@ -99,22 +100,51 @@ class FasterWhisperBatched:
                 "median_segment_s": statistics.median(lengths) if lengths else 0.0}
 
 
+# Silero VAD's probability models: the library's (`audio.vad`, the "sequence" ONNX model), and the two streaming
+# models measured beside it, frame-by-frame ONNX and TorchScript.
+BACKENDS = ("onnx-sequence", "onnx", "jit")
+
+
+@functools.lru_cache(maxsize=None)
+def streaming_model(backend: str):
+    from audio.vad import silero
+
+    return silero().load_silero_vad(onnx=backend == "onnx", sequence=False)
+
+
+def vad_regions(samples: np.ndarray, options, backend: str) -> list:
+    """`audio.vad.speech_regions` with the probabilities of `backend`'s model."""
+    import torch
+
+    from audio.vad import regions_of, speech_regions
+
+    if backend == "onnx-sequence" or not len(samples):
+        return speech_regions(samples, options)
+    with torch.inference_mode():
+        probabilities = streaming_model(backend).audio_forward(torch.from_numpy(samples.astype(np.float32)),
+                                                               SAMPLE_RATE).reshape(-1)
+    return regions_of(probabilities.numpy(), len(samples), options)
+
+
 def vad_costs(audios: dict[str, tuple[np.ndarray, str]]) -> list[dict]:
-    """Seconds of Silero VAD per backend on the first two recordings (after a call that loads each model)."""
+    """Seconds of Silero VAD per backend on the first two recordings (after a call that loads each model); every
+    backend must find the same regions."""
     from asr.options import BATCHED_VAD
-    from audio.vad import BACKENDS, speech_regions
 
     rows = []
     for backend in BACKENDS:
-        speech_regions(audios["voxpopuli"][0][: 5 * SAMPLE_RATE], BATCHED_VAD, backend)
+        vad_regions(audios["voxpopuli"][0][: 5 * SAMPLE_RATE], BATCHED_VAD, backend)
     for name, (samples, _) in list(audios.items())[:2]:
+        found = {}
         for backend in BACKENDS:
             start = time.perf_counter()
-            regions = speech_regions(samples, BATCHED_VAD, backend)
+            found[backend] = vad_regions(samples, BATCHED_VAD, backend)
             seconds = time.perf_counter() - start
             rows.append({"recording": name, "backend": backend, "seconds": seconds,
-                         "rtf": seconds / (len(samples) / SAMPLE_RATE), "regions": len(regions)})
+                         "rtf": seconds / (len(samples) / SAMPLE_RATE), "regions": len(found[backend])})
             print(f"VAD {backend} on {name}: {seconds:.2f} s", file=sys.stderr)
+        if any(regions != found["onnx-sequence"] for regions in found.values()):
+            raise SystemExit(f"Silero's models found different speech regions on {name}")
     return rows
 
 

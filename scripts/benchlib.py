@@ -45,10 +45,10 @@ __all__ = ["EVALDATA", "FIGURES", "REPO", "SAMPLE_RATE", "SONNETS", "VOXPOPULI",
 
 def use_threads(threads: int) -> None:
     """Torch on `threads` CPU threads, with oneDNN's kernel caches bounded as the command line bounds them
-    (`decoding.kernels.limit_kernel_caches`: they decide a bfloat16 or int8 run's memory)."""
+    (`decoding.kernels.products.limit_kernel_caches`: they decide a bfloat16 or int8 run's memory)."""
     import torch
 
-    from decoding.kernels import limit_kernel_caches
+    from decoding.kernels.products import limit_kernel_caches
 
     limit_kernel_caches()
     torch.set_num_threads(threads)

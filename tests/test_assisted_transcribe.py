@@ -11,7 +11,7 @@ import torch
 
 from asr.assist.assistants import FullAssistant, SharedEncoderAssistant
 from asr.assist.choose import make_assistant
-from asr.longform import transcribe
+from asr.transcription import transcribe
 from asr.options import TranscribeOptions
 from asr.writers import write_srt, write_vtt
 from audio import N_SAMPLES, SAMPLE_RATE, load_audio
@@ -103,14 +103,14 @@ def test_assisted_voxpopuli_equals_plain(base, voxpopuli, plain_voxpopuli, pairi
 
 
 def test_a_precision_suffix_gives_a_low_precision_copy_of_the_assistant(base) -> None:
-    from asr.models.int8 import Int8Linear
+    from decoding.kernels.int8 import Int8Linear
 
     assistant = make_assistant("tiny.en:int8", base)
     assert isinstance(assistant, FullAssistant) and assistant.name == "tiny.en:int8"
     assert isinstance(assistant.decoder_model.get_output_embeddings(), Int8Linear)
     assert assistant.bundle.model.get_output_embeddings().weight.dtype == torch.float32  # its encoder stays as is
-    # Its activations: float32 where decoding.native multiplies int8 weights with them, else bfloat16.
-    from decoding.kernels import native_rows_allowed, onednn_only
+    # Its activations: float32 where decoding.kernels.native multiplies int8 weights with them, else bfloat16.
+    from decoding.kernels.products import native_rows_allowed, onednn_only
 
     assert assistant.decoder_model.get_output_embeddings().scale.dtype == (
         torch.float32 if native_rows_allowed() else torch.bfloat16)
@@ -139,18 +139,17 @@ def test_auto_picks_a_student_only_where_it_pays() -> None:
 def test_auto_drafts_with_base_draft_for_base_and_decodes_alone_when_its_student_cannot_load(base, monkeypatch,
                                                                                               caplog) -> None:
     import asr.assist.choose
+    from asr.assist.rounds import MAX_ROUND
 
-    from decoding.kernels import native_rows_allowed, onednn_only
-
-    # On a CPU `base` has no distil-whisper student: its shipped draft's int8 copy, in constant rounds of 3 over
-    # oneDNN's steps and of 1 over decoding.native's (where a check of several tokens costs more against a step).
-    with onednn_only():
+    # On a CPU `base` has no distil-whisper student: its shipped draft's int8 copy, in constant rounds of the
+    # length measured best for the pair (`asr.assist.rounds`; speed is not asserted here).
+    with caplog.at_level("INFO", logger="asr.assist.rounds"):
         chosen = make_assistant("auto", base)
-        assert chosen is not None and chosen.name == "base-draft:int8" and chosen.schedule == ("constant", 3)
-        assert make_assistant("auto", base, batched=True) is None  # it made batches of windows slower
-    if native_rows_allowed():
-        chosen = make_assistant("auto", base)
-        assert chosen is not None and chosen.name == "base-draft:int8" and chosen.schedule == ("constant", 1)
+    assert chosen is not None and chosen.name == "base-draft:int8"
+    assert chosen.schedule[0] == "constant" and 1 <= chosen.schedule[1] <= MAX_ROUND
+    assert "draft rounds: model pass" in caplog.text
+    assert make_assistant("auto", base, batched=True) is None  # it made batches of windows slower
+    caplog.clear()
     monkeypatch.setattr(asr.assist.choose, "auto_assistant", lambda device, source: "/nonexistent/distil-student")
     with caplog.at_level("WARNING", logger="asr.assist.choose"):
         assert make_assistant("auto", base) is None

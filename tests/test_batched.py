@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from asr.assist.choose import make_assistant
 from asr.cli import main
-from asr.longform import transcribe, transcribe_many
+from asr.transcription import transcribe, transcribe_many
 from asr.options import TranscribeOptions
 from audio import SAMPLE_RATE, load_audio
 from audio.vad import VadOptions

@@ -19,7 +19,7 @@ from decoding.beam import BeamOptions, beam_search_batch, rank
 from decoding.drafts import AssistantDraft
 from decoding.engine import GenerationOptions, generate_batch
 from decoding.filters import LogitsFilter, SamplingOptions, apply_filters
-from decoding.kernels import full_head
+from decoding.kernels.products import full_head
 from tests.test_ct2 import tiny_whisper
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -324,17 +324,16 @@ def test_bad_search_options_are_one_line_errors(tmp_path: Path, args: list[str],
 
 
 def test_beam_search_with_assistant_auto_decodes_alone(tmp_path: Path) -> None:
-    from asr.cli.search import search_settings
+    from asr.cli.options import assistant_to_load
+    from asr.options import TranscribeOptions
 
-    fields, assistant = search_settings("auto", 5, None, None, 5)
-    assert assistant == "none" and fields == {"beam_size": 5, "patience": None, "length_penalty": None,
-                                                "best_of": 5}
-    assert search_settings("self:int8", 1, None, None, 5)[1] == "self:int8"  # greedy at 0: assisted
-    assert search_settings("self:int8", None, None, None, 3)[1] == "self:int8"
+    assert assistant_to_load("auto", TranscribeOptions(beam_size=5, best_of=5)) == "none"
+    assert assistant_to_load("self:int8", TranscribeOptions(beam_size=1, best_of=5)) == "self:int8"  # greedy at 0
+    assert assistant_to_load("self:int8", TranscribeOptions(best_of=3)) == "self:int8"
 
 
 def test_the_api_refuses_an_assistant_with_beam_search(tiny_bundle) -> None:
-    from asr.longform import transcribe
+    from asr.transcription import transcribe
     from asr.options import TranscribeOptions
 
     with pytest.raises(ValueError, match="alone"):
@@ -346,7 +345,7 @@ def test_the_api_refuses_an_assistant_with_beam_search(tiny_bundle) -> None:
 def test_transcribe_beam_searches_with_assistant_auto_decoding_alone(tiny_whisper_folder: Path, tiny_bundle) -> None:
     import json
 
-    from asr.longform import transcribe
+    from asr.transcription import transcribe
     from asr.options import TranscribeOptions
     from tests.conftest import SAMPLES
 

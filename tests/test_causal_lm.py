@@ -31,7 +31,7 @@ from decoding import (
 )
 from decoding.causal_lm import GPT2Pass, LlamaPass, direct_pass_unsupported
 from decoding.engine import generate_batch
-from decoding.kernels import reference_kernels
+from decoding.kernels.products import reference_kernels
 from decoding.ragged import RaggedBatch
 
 VOCAB = 97

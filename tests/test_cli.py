@@ -13,7 +13,7 @@ import soundfile
 from click.testing import CliRunner, Result
 
 from asr.cli import main
-from asr.longform import transcribe
+from asr.transcription import transcribe
 from asr.models.registry import load_model
 from asr.options import TranscribeOptions
 from asr.writers import FORMATS, WRITERS
@@ -112,7 +112,8 @@ def test_transcribe_goes_on_after_a_file_that_fails(scripted_folder: Path, audio
     result = run("transcribe", str(audio_files["corrupt"]), str(audio_files["short"]), str(audio_files["silence"]),
                  "/no/such/file.wav", "--model", str(scripted_folder), "--language", "en", "-q")
     assert result.exit_code == 1
-    assert result.stdout == "hello world\n\n"  # the short file's words; silence has none
+    # The short file's words; silence has none.
+    assert result.stdout == f"==> {audio_files['short']} <==\nhello world\n==> {audio_files['silence']} <==\n\n"
     errors = result.stderr.splitlines()
     assert len(errors) == 3 and "Traceback" not in result.output
     assert errors[0].startswith("error: ") and "corrupt.flac" in errors[0]
@@ -159,11 +160,34 @@ def test_transcribe_bad_options_fail_in_one_line(audio_files: dict[str, Path], a
     assert message in one_error_line(result)
 
 
-def test_transcribe_an_unknown_language_fails_for_each_file(scripted_folder: Path, audio_files: dict[str, Path]) -> None:
-    result = run("transcribe", str(audio_files["short"]), "--model", str(scripted_folder), "--language", "klingon")
-    assert result.exit_code == 1 and result.stdout == ""
-    assert result.stderr.splitlines()[0].startswith("error: unknown language")
-    assert result.stderr.splitlines()[-1] == "1 of 1 file(s) failed"
+def test_transcribe_an_unknown_language_fails_once_before_any_work(tmp_path: Path, audio_files: dict[str, Path]) -> None:
+    # The model does not exist: the language is refused before any model is loaded, in one line for all files.
+    files = [str(audio_files[name]) for name in ("short", "long", "silence")]
+    for command in (["transcribe", *files], ["batch", str(audio_files["short"].parent), "-o", str(tmp_path / "o.jsonl")]):
+        result = run(*command, "--model", str(tmp_path / "no-model"), "--language", "klingon")
+        assert result.exit_code == 1 and result.stdout == ""
+        assert result.stderr.splitlines() == [result.stderr.splitlines()[0]], result.stderr
+        assert result.stderr.startswith("Error: unknown language 'klingon'")
+
+
+def test_transcribe_names_each_file_on_stdout_when_there_are_several(scripted_folder: Path,
+                                                                     audio_files: dict[str, Path]) -> None:
+    short, silence = str(audio_files["short"]), str(audio_files["silence"])
+    result = run("transcribe", short, silence, "--model", str(scripted_folder), "--language", "en")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"==> {short} <==\nhello world\n==> {silence} <==\n\n"
+    # Status lines on stderr: the model loaded, the assistant; none with -q.
+    assert result.stderr.splitlines()[:2] == [f"loading {scripted_folder} on cpu (float32)", "assistant: none"]
+    assert run("transcribe", short, "--model", str(scripted_folder), "--language", "en", "-q").stderr == ""
+
+
+def test_transcribe_says_which_files_it_wrote(scripted_folder: Path, audio_files: dict[str, Path],
+                                              tmp_path: Path) -> None:
+    result = run("transcribe", str(audio_files["short"]), "--model", str(scripted_folder), "-o", str(tmp_path),
+                 "-f", "all")
+    assert result.exit_code == 0 and result.stdout == ""
+    written = [line.removeprefix("wrote ") for line in result.stderr.splitlines() if line.startswith("wrote ")]
+    assert len(written) == 5 and all(Path(path).exists() for path in written)
 
 
 def test_transcribe_needs_a_file() -> None:
@@ -304,3 +328,18 @@ def test_distill_bad_options_fail_in_one_line(args: list[str], message: str) -> 
     result = run("distill", *args, "--device", "cpu")
     assert result.exit_code == 2 and message in one_error_line(result)
 
+
+def test_a_window_that_fails_every_temperature_is_a_warning(tiny_whisper_folder: Path,
+                                                            audio_files: dict[str, Path]) -> None:
+    # A random model is unsure of every token: its windows fail the log-probability check at the one temperature.
+    wav = audio_files["short"]
+    args = ["transcribe", str(wav), "--model", str(tiny_whisper_folder), "--temperature", "0"]
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings and "failed the fallback checks at every temperature" in warnings[0] and str(wav) in warnings[0]
+    quiet = run(*args, "-q")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    # Passing checks: no warning.
+    none = run(*args, "--logprob-threshold", "none", "--compression-ratio-threshold", "none")
+    assert none.exit_code == 0 and "warning" not in none.stderr

@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-from asr.models.convert import _EXPECTED_FLAGS, to_ct2_variables, to_state_dict
-from asr.models.ct2 import ModelFileError, read_ct2, write_ct2
+from asr.models.convert import _EXPECTED_FLAGS, to_state_dict
+from asr.models.ct2 import ModelFileError, read_ct2
+from tests.helpers_ct2 import to_ct2_variables, write_ct2
 
 BASE_VOCAB = 51865  # the multilingual tokenizer: BPE + specials + 1501 timestamps
 

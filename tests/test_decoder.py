@@ -8,7 +8,7 @@ from asr.whisper.decoder import WhisperDecoderAdapter
 from asr.whisper.window import encode
 from audio import load_audio
 from audio.features import log_mel, pad_or_trim
-from decoding.kernels import reference_kernels
+from decoding.kernels.products import reference_kernels
 from tests.conftest import evaldata
 
 
@@ -77,7 +77,8 @@ def _adapter_and_transformers(base) -> tuple[torch.Tensor, ...]:
 
 
 def test_int8_linear_matches_its_dequantised_weights() -> None:
-    from asr.models.int8 import Int8Linear, quantize_linears
+    from asr.models.int8 import quantize_linears
+    from decoding.kernels.int8 import Int8Linear
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 96)
@@ -96,12 +97,13 @@ def test_int8_linear_matches_its_dequantised_weights() -> None:
 def test_fused_qkv_copy_gives_the_same_logits(base) -> None:
     import copy
 
-    from asr.assist.assistants import fuse_qkv
+    from asr.assist.assistants import fuse_layer_qkv
 
     model = base.model
     encoder_output = torch.randn(1, 1500, model.config.d_model)
     fused = copy.deepcopy(model)
-    fuse_qkv(fused.get_decoder())
+    for layer in fused.get_decoder().layers:
+        fuse_layer_qkv(layer)
     ids = torch.tensor([[base.special.sot, base.special.languages["en"], base.special.transcribe, 400, 401]])
     plain = WhisperDecoderAdapter(model, encoder_output)
     joined = WhisperDecoderAdapter(fused, encoder_output)

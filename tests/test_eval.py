@@ -289,9 +289,9 @@ def test_faster_whisper_reads_the_joined_base_package(session_cache: Path) -> No
 
 
 def test_an_int8_configuration_is_built_under_its_kernels(tiny_whisper_folder: Path) -> None:
-    # The int8 model computes in float32 over decoding.native and in bfloat16 over PyTorch's kernel, so
+    # The int8 model computes in float32 over decoding.kernels.native and in bfloat16 over PyTorch's kernel, so
     # `kernels=onednn` gets a model of its own, built as it runs; the default run shares the model across configs.
-    from decoding.kernels import native_rows_allowed
+    from decoding.kernels.products import native_rows_allowed
     from eval.backends import make_backends
 
     configs = [parse_config("greedy,dtype=int8"), parse_config("greedy,dtype=int8,kernels=onednn"),

@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from asr.batch.sources import iter_items  # noqa: E402
-from asr.models.ct2 import ModelFileError, read_ct2, write_ct2  # noqa: E402
+from asr.models.ct2 import ModelFileError, read_ct2  # noqa: E402
 from audio import AudioError, load_audio  # noqa: E402
+from tests.helpers_ct2 import write_ct2  # noqa: E402
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -1,4 +1,4 @@
-"""Decoder steps over the CUDA graphs' buffers (`asr.whisper.graphed_step`), checked on the CPU.
+"""Decoder steps over the CUDA graphs' buffers (`decoding.kernels.graphed_step`), checked on the CPU.
 
 There is no CUDA graph on a CPU: within `replayed_eagerly()` a capture records a step's operations (PyTorch's own
 kernels, as on a GPU) and a replay runs them again over the same tensors, each result written where the recorded
@@ -9,17 +9,22 @@ and beams widening a batch, and the fallbacks.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import weakref
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-from asr.whisper import graphed_step
 from asr.whisper.decoder import WhisperDecoderAdapter
-from asr.whisper.graphed_step import MAX_SETS, MAX_WIDTH, replayed_eagerly
 from decoding import AssistantDraft
+from decoding.kernels import graphed_step
+from decoding.kernels.graphed_step import MAX_SETS, MAX_WIDTH, captured_by
+from decoding.kernels.products import reference_kernels
 from decoding.beam import BeamOptions, beam_search_batch
 from decoding.engine import GenerationOptions, generate_batch
 from decoding.filters import SamplingOptions
@@ -29,6 +34,45 @@ from tests.test_ct2 import tiny_whisper
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPT = [50258, 50259, 50360, 50364]
+
+
+class _Recording(TorchDispatchMode):
+    """`run`'s operations as it ran once, run again over the same tensors by `__call__`, each result copied where
+    the recorded one lies (a CUDA graph's fixed addresses); results that are their inputs' memory (views,
+    in-place operations) are left where they are."""
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        super().__init__()
+        self.operations: list[tuple[Any, tuple, dict, list[tuple[torch.Tensor, bool]]]] = []
+        with self:
+            run()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        inputs = {_storage(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        outputs = [(t, _storage(t) not in inputs) for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+        self.operations.append((func, args, kwargs, outputs))
+        return result
+
+    def __call__(self) -> None:
+        for func, args, kwargs, outputs in self.operations:
+            fresh = [t for t in tree_flatten(func(*args, **kwargs))[0] if isinstance(t, torch.Tensor)]
+            for (recorded, own), value in zip(outputs, fresh):
+                if own:
+                    recorded.copy_(value)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() if t.numel() else id(t)
+
+
+@contextlib.contextmanager
+def replayed_eagerly() -> Iterator[None]:
+    """Within it, adapters built on a CPU use PyTorch's own kernels (as on a GPU) and step over the graphs' buffers
+    too, each step's operations recorded at capture and run again at each replay."""
+    with captured_by(_Recording), reference_kernels():
+        yield
 
 
 def _outputs(seed: int, batch: int = 1) -> torch.Tensor:
@@ -207,7 +251,7 @@ def test_a_step_that_disagrees_with_the_layers_turns_graphs_off_and_keeps_the_wo
         return step
 
     monkeypatch.setattr(graphed_step.GraphedSteps, "_step", stale)
-    with caplog.at_level(logging.WARNING, logger="asr.whisper.graphed_step"):
+    with caplog.at_level(logging.WARNING, logger="decoding.kernels.graphed_step"):
         got, = generate_batch(_graphed(model, encoder_output), [PROMPT], options)
     assert got.tokens == expected.tokens
     assert not graphed_step._STEPS[model].enabled
@@ -227,7 +271,7 @@ def test_a_step_reading_a_host_value_replays_it_as_captured_and_graphs_turn_off(
         return causal_mask(int(start), width, device, slots)
 
     monkeypatch.setattr(graphed_step, "causal_mask", host_read_mask)
-    with caplog.at_level(logging.WARNING, logger="asr.whisper.graphed_step"):
+    with caplog.at_level(logging.WARNING, logger="decoding.kernels.graphed_step"):
         got, = generate_batch(_graphed(model, encoder_output), [PROMPT], options)
     assert got.tokens == expected.tokens
     assert not graphed_step._STEPS[model].enabled
@@ -256,10 +300,10 @@ def test_a_real_recording_over_graphs_has_the_words_it_has_without_them(base, sp
     """base on a two-window sonnet, alone and drafted by its student (whose head covers part of the vocabulary:
     infinite logits), with every logit in float32 (a screened head takes no graph)."""
     from asr.assist.choose import make_assistant
-    from asr.longform import transcribe
+    from asr.transcription import transcribe
     from asr.options import TranscribeOptions
     from audio import load_audio
-    from decoding.kernels import full_head
+    from decoding.kernels.products import full_head
     from tests.conftest import evaldata
 
     audio = load_audio(evaldata("longform", "p001.mp3"))

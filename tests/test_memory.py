@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from asr.longform import transcribe
+from asr.transcription import transcribe
 from audio import load_audio
 from tests.conftest import evaldata
 

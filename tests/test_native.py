@@ -1,4 +1,5 @@
-"""decoding.native: the row-by-row products of decoder steps, compiled here, and how decoding.kernels routes to them."""
+"""decoding.kernels.native: the row-by-row products of decoder steps, compiled here, and how
+decoding.kernels.products routes to them."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from decoding import kernels, native
+from decoding.kernels import native, products
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler to build decoding.native")
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler to build decoding.kernels.native")
 
 
 def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -87,19 +88,19 @@ def test_bfloat16_rows_are_widened_exactly() -> None:
 
 
 def test_float32_int8_linears_take_the_native_kernel_and_bfloat16_ones_keep_pytorchs() -> None:
-    from asr.models.int8 import Int8Linear
+    from decoding.kernels.int8 import Int8Linear
 
     dense = torch.nn.Linear(512, 300)
     x = torch.randn(1, 3, 512)
     draft_copy, model_copy = Int8Linear(dense, torch.float32), Int8Linear(dense, torch.bfloat16)
     expected = native.rowdot(x, draft_copy.weight, draft_copy.bias, draft_copy.scale)
     assert torch.equal(draft_copy(x), expected)
-    with kernels.onednn_only():
+    with products.onednn_only():
         pytorch = draft_copy(x)
     assert not torch.equal(pytorch, expected) and torch.allclose(pytorch, expected, atol=1e-4)
     low = model_copy(x.bfloat16())
     assert low.dtype == torch.bfloat16
-    with kernels.onednn_only():
+    with products.onednn_only():
         assert torch.equal(model_copy(x.bfloat16()), low)
 
 
@@ -115,24 +116,24 @@ def test_linear_routes_few_float32_rows_to_native_and_the_rest_to_onednn() -> No
     generator = torch.Generator().manual_seed(2)
     weight, bias = torch.randn(300, 512, generator=generator), torch.randn(300, generator=generator)
     few, many = torch.randn(1, 1, 512, generator=generator), torch.randn(1, 40, 512, generator=generator)
-    product = kernels.linear(weight, bias)
+    product = products.linear(weight, bias)
     assert torch.equal(product(few), native.rowdot(few, weight, bias))
     torch.testing.assert_close(product(many), F.linear(many, weight, bias), rtol=1e-5, atol=1e-4)
-    with kernels.onednn_only():
-        onednn = kernels.linear(weight, bias)
-        assert not kernels.native_rows_allowed(weight)
+    with products.onednn_only():
+        onednn = products.linear(weight, bias)
+        assert not products.native_rows_allowed(weight)
     torch.testing.assert_close(onednn(few), F.linear(few, weight, bias), rtol=1e-5, atol=1e-4)
-    with kernels.reference_kernels():
-        assert torch.equal(kernels.linear(weight, bias)(few), F.linear(few, weight, bias))
+    with products.reference_kernels():
+        assert torch.equal(products.linear(weight, bias)(few), F.linear(few, weight, bias))
 
 
 def test_onednn_linear_modules_take_the_native_path_for_a_step() -> None:
     layer = torch.nn.Linear(512, 256)
-    kernels.use_onednn(layer)
+    products.use_onednn(layer)
     x = torch.randn(1, 512)
     with torch.inference_mode():
         assert torch.equal(layer(x), native.rowdot(x, layer.weight, layer.bias))
-        with kernels.onednn_only():
+        with products.onednn_only():
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
@@ -142,9 +143,9 @@ def test_without_a_compiler_the_products_stay_onednn(monkeypatch, tmp_path) -> N
     native.library.cache_clear()
     try:
         assert native.library() is None
-        assert not kernels.native_rows_allowed()
+        assert not products.native_rows_allowed()
         weight, x = torch.randn(20, 64), torch.randn(1, 64)
-        torch.testing.assert_close(kernels.linear(weight, None)(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(products.linear(weight, None)(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
         assert not list(tmp_path.iterdir())
     finally:
         native.library.cache_clear()
@@ -170,7 +171,7 @@ def test_a_failed_build_is_one_warning_and_onednn(monkeypatch, tmp_path, caplog)
     (tmp_path / "missing.c").write_text("this is not C\n")
     native.library.cache_clear()
     try:
-        with caplog.at_level("WARNING", logger="decoding.native"):
+        with caplog.at_level("WARNING", logger="decoding.kernels.native"):
             assert native.library() is None
         assert "native kernels unavailable" in caplog.text
         assert not list((tmp_path / "native").glob("*"))
@@ -194,16 +195,16 @@ def test_attention_over_many_keys_matches_float64(rows: int) -> None:
 def test_cross_attention_keeps_its_layout_and_falls_back_for_many_rows() -> None:
     generator = torch.Generator().manual_seed(5)
     keys, values = torch.randn(1, 8, 1500, 64, generator=generator), torch.randn(1, 8, 1500, 64, generator=generator)
-    attention = kernels.Attention(torch.device("cpu"))
+    attention = products.Attention(torch.device("cpu"))
     assert attention.native
     k, v = attention.prepare(keys), attention.prepare(values, keys=False)
     for rows in (1, 4, 40):
         q = torch.randn(1, 8, rows, 64, generator=generator)
         expected = torch.nn.functional.scaled_dot_product_attention(q.double(), keys.double(), values.double())
         torch.testing.assert_close(attention(q, k, v, ready=True).double(), expected, rtol=1e-5, atol=1e-5)
-    with kernels.onednn_only():
-        assert not kernels.Attention(torch.device("cpu")).native
-    exact = kernels.Attention(torch.device("cpu"), exact_rows=True)
+    with products.onednn_only():
+        assert not products.Attention(torch.device("cpu")).native
+    exact = products.Attention(torch.device("cpu"), exact_rows=True)
     assert exact.native
     k, v = exact.prepare(keys.bfloat16()), exact.prepare(values.bfloat16(), keys=False)
     assert k.dtype == torch.float32 and k.shape == keys.shape
@@ -213,7 +214,7 @@ def test_cross_attention_keeps_its_layout_and_falls_back_for_many_rows() -> None
     # The pass that fills an empty cache may take torch's products: the same call in plain and assisted decoding.
     expected = torch.nn.functional.scaled_dot_product_attention(q.double(), keys.bfloat16().double(),
                                                                 values.bfloat16().double())
-    with kernels.prompt_pass():
+    with products.prompt_pass():
         prompt = exact(q, k, v, ready=True)
     torch.testing.assert_close(prompt.double(), expected, rtol=2e-2, atol=2e-2)
 
@@ -221,7 +222,7 @@ def test_cross_attention_keeps_its_layout_and_falls_back_for_many_rows() -> None
 def test_a_float32_row_exact_self_attention_gives_each_row_its_own_bits() -> None:
     # The int8 model's self-attention over its fixed span of slots: a check of 4 rows, and each row alone.
     generator = torch.Generator().manual_seed(6)
-    exact = kernels.Attention(torch.device("cpu"), exact_rows=True)
+    exact = products.Attention(torch.device("cpu"), exact_rows=True)
     keys, values = torch.randn(1, 8, 448, 64, generator=generator), torch.randn(1, 8, 448, 64, generator=generator)
     q = torch.randn(1, 8, 4, 64, generator=generator)
     from decoding.kv_cache import causal_mask
@@ -241,7 +242,7 @@ def test_a_missing_source_is_one_warning_and_onednn(monkeypatch, tmp_path, caplo
     monkeypatch.setattr(native, "SOURCE", tmp_path / "gone.c")
     native.library.cache_clear()
     try:
-        with caplog.at_level("WARNING", logger="decoding.native"):
+        with caplog.at_level("WARNING", logger="decoding.kernels.native"):
             assert native.library() is None
         assert "native kernels unavailable" in caplog.text
     finally:

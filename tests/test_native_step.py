@@ -1,4 +1,5 @@
-"""asr.whisper.native_step: a decoder's step as one native call, close to the layers it replaces, each row on its own."""
+"""decoding.kernels.native_step: a decoder's step as one native call, close to the layers it replaces, each row on
+its own."""
 
 from __future__ import annotations
 
@@ -6,14 +7,14 @@ import pytest
 import torch
 
 from asr.assist.assistants import low_precision_decoder
-from asr.models.int8 import Int8Linear
 from asr.whisper.decoder import WhisperDecoderAdapter
-from asr.whisper.native_step import NativeStep
-from decoding import kernels, native
+from decoding.kernels import native, products
+from decoding.kernels.int8 import Int8Linear
+from decoding.kernels.native_step import NativeStep
 from tests.conftest import SAMPLES
 from tests.test_ct2 import tiny_whisper
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler to build decoding.native")
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler to build decoding.kernels.native")
 
 PROMPT = torch.tensor([[50258, 50259, 50359, 50363, 400]])
 
@@ -96,14 +97,14 @@ def test_batches_and_onednn_only_keep_the_layers() -> None:
     assert NativeStep.for_adapter(WhisperDecoderAdapter(copy, two, drafting=True), copy, True) is None
     assert NativeStep.for_adapter(WhisperDecoderAdapter(copy, one, drafting=True), copy, True) is not None
     assert NativeStep.for_adapter(WhisperDecoderAdapter(model, one), model, False) is not None
-    with kernels.onednn_only():
+    with products.onednn_only():
         assert NativeStep.for_adapter(WhisperDecoderAdapter(copy, one, drafting=True), copy, True) is None
-    with kernels.reference_kernels():
+    with products.reference_kernels():
         assert NativeStep.for_adapter(WhisperDecoderAdapter(model, one), model, False) is None
     # The int8 model (bfloat16 token table) steps through it at every width decoding meets, not only a few rows.
     int8_model = quantize_model(tiny_whisper(seed=4))
     step = NativeStep.for_adapter(WhisperDecoderAdapter(int8_model, one), int8_model, False)
-    assert step is not None and step.max_rows == kernels.MANY_ROWS - 1 > native.MAX_ROWS
+    assert step is not None and step.max_rows == products.MANY_ROWS - 1 > native.MAX_ROWS
     pair = WhisperDecoderAdapter(copy, two, drafting=True)
     assert pair.rows([1])._step() is not None  # one window of two: its own keys and values
 
@@ -141,7 +142,7 @@ def test_a_small_int8_copy_keeps_its_dequantized_weights_for_prompts() -> None:
 
 def test_assisted_decoding_over_the_native_step_gives_the_models_words(tiny_whisper_folder, monkeypatch) -> None:
     from asr.assist.choose import make_assistant
-    from asr.longform import transcribe
+    from asr.transcription import transcribe
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
 

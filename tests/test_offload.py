@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from asr.assist.assistants import SharedEncoderAssistant
 from asr.assist.choose import OFFLOAD_SCHEDULE, make_assistant
 from asr.cli import main
-from asr.longform import transcribe
+from asr.transcription import transcribe
 from asr.models.offload import (
     OffloadError,
     OffloadOptions,
@@ -48,8 +48,8 @@ def noise(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
 
 def _logits(model: torch.nn.Module, encoder_output: torch.Tensor, native: bool = True) -> list[torch.Tensor]:
     """A prefill, one-token steps, a rollback and a five-token check, as assisted decoding runs them; without the
-    `native` step (`asr.whisper.native_step`, which an offloaded decoder cannot use) a model in memory runs its steps
-    layer by layer, through the kernels an offloaded one runs."""
+    `native` step (`decoding.kernels.native_step`, which an offloaded decoder cannot use) a model in memory runs its
+    steps layer by layer, through the kernels an offloaded one runs."""
     adapter = WhisperDecoderAdapter(model, encoder_output)
     if not native:
         adapter._native_step = False
@@ -91,7 +91,7 @@ def test_the_cpu_memory_store_a_gpu_uses_gives_the_same_logits(tiny_whisper_fold
     from transformers import WhisperConfig
 
     from asr.models.offload import load_offloaded
-    from decoding.kernels import use_cpu_kernels
+    from decoding.kernels.products import use_cpu_kernels
 
     model = load_offloaded(tiny_whisper_folder, WhisperConfig.from_pretrained(tiny_whisper_folder), OffloadOptions("cpu"), "cpu",
                            torch.float32)

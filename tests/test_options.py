@@ -13,9 +13,8 @@ import soundfile as sf
 from click.testing import CliRunner
 
 from asr.cli import main
-from asr.live import transcribe_segments
-from asr.longform import transcribe, transcribe_many
-from asr.options import TranscribeOptions
+from asr.options import TranscribeOptions, parse_clip_timestamps, parse_suppress_tokens
+from asr.transcription import transcribe, transcribe_many, transcribe_segments
 from audio import SAMPLE_RATE
 from tests.conftest import tiny_whisper_in
 
@@ -50,11 +49,12 @@ def windows_of(bundle, audio, options, assistant=None):
 
 
 def test_timestamp_tokens_are_on_unless_batched_or_asked_otherwise() -> None:
-    assert TranscribeOptions().timestamps is True
-    assert TranscribeOptions(batch_size=8).timestamps is False
-    assert TranscribeOptions(batch_size=8, timestamps=True).timestamps is True
-    assert TranscribeOptions(timestamps=False).timestamps is False
-    assert TranscribeOptions(vad=None, batch_size=None).timestamps is True
+    assert TranscribeOptions().uses_timestamps is True
+    assert TranscribeOptions(batch_size=8).uses_timestamps is False
+    assert TranscribeOptions(batch_size=8, timestamps=True).uses_timestamps is True
+    assert TranscribeOptions(timestamps=False).uses_timestamps is False
+    assert TranscribeOptions(vad=None, batch_size=None).uses_timestamps is True
+    assert TranscribeOptions().timestamps is None  # as given: the options are frozen, never rewritten
 
 
 def test_suppressed_ids_never_appear(tiny) -> None:
@@ -63,13 +63,13 @@ def test_suppressed_ids_never_appear(tiny) -> None:
     text_ids = [t for s in plain.segments for t in s.tokens if t < tiny.special.eot]
     assert text_ids
     common = max(set(text_ids), key=text_ids.count)
-    suppressed, seen = windows_of(tiny, audio, TranscribeOptions(**FAST, suppress_tokens=f"-1,{common}"))
+    suppressed, seen = windows_of(tiny, audio, TranscribeOptions(**FAST, suppress_tokens=(-1, common)))
     assert all(common not in w.tokens for w in seen)
     assert all(common not in s.tokens for s in suppressed.segments)
 
 
 def test_clip_timestamps_limit_segments_to_the_clips(tiny) -> None:
-    result = transcribe(tiny, noise(25), TranscribeOptions(**FAST, clip_timestamps="2,8,15,20"))
+    result = transcribe(tiny, noise(25), TranscribeOptions(**FAST, clip_timestamps=(2.0, 8.0, 15.0, 20.0)))
     assert result.segments
     for segment in result.segments:
         assert 2 <= segment.start <= segment.end <= 8 or 15 <= segment.start <= segment.end <= 20, segment
@@ -115,7 +115,7 @@ def test_assisted_words_are_the_models_with_prompt_options(tiny, spec: str) -> N
     audio = noise(40, seed=1)
     for options in (TranscribeOptions(**FAST, prefix="hello world", hotwords="Kubernetes"),
                     TranscribeOptions(**FAST, initial_prompt="Ada, Grace.", carry_initial_prompt=True),
-                    TranscribeOptions(**FAST, multilingual=True, suppress_tokens="-1,220", clip_timestamps="1,25")):
+                    TranscribeOptions(**FAST, multilingual=True, suppress_tokens=(-1, 220), clip_timestamps=(1.0, 25.0))):
         plain = transcribe(tiny, audio, options)
         assisted = transcribe(tiny, audio, options, assistant)
         assert [s.tokens for s in assisted.segments] == [s.tokens for s in plain.segments]
@@ -169,10 +169,11 @@ def test_hallucination_threshold_runs_with_word_timestamps(tiny, timestamps: boo
     (dict(compression_ratio_threshold=-1.0), "compression ratio"),
     (dict(no_speech_threshold=1.5), "no-speech"),
     (dict(logprob_threshold=float("nan")), "nan"),
-    (dict(clip_timestamps="5,2"), "end after"),
-    (dict(clip_timestamps="1,x"), "clip timestamps"),
-    (dict(suppress_tokens="-2"), "suppress"),
-    (dict(suppress_tokens="1,a"), "suppress"),
+    (dict(clip_timestamps=(5.0, 2.0)), "end after"),
+    (dict(clip_timestamps="1,2"), "parse_clip_timestamps"),
+    (dict(suppress_tokens=(-2,)), "suppress"),
+    (dict(suppress_tokens="1,2"), "parse_suppress_tokens"),
+    (dict(suppress_tokens=(1, "a")), "suppress"),
     (dict(language_detection_segments=0), "detection segments"),
     (dict(language_detection_threshold=2.0), "detection threshold"),
     (dict(hallucination_silence_threshold=1.0), "word timestamps"),
@@ -182,6 +183,15 @@ def test_hallucination_threshold_runs_with_word_timestamps(tiny, timestamps: boo
 def test_bad_values_are_errors(kwargs, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TranscribeOptions(**kwargs)
+
+
+def test_text_forms_are_parsed_by_their_parsers() -> None:
+    assert parse_suppress_tokens("-1,50257") == (-1, 50257) and parse_suppress_tokens("") == ()
+    assert parse_clip_timestamps("0,5.5,10") == (0.0, 5.5, 10.0)
+    with pytest.raises(ValueError, match="suppress tokens"):
+        parse_suppress_tokens("1,a")
+    with pytest.raises(ValueError, match="clip timestamps"):
+        parse_clip_timestamps("1,x")
 
 
 def test_unknown_suppress_token_is_an_error(tiny) -> None:
@@ -218,22 +228,21 @@ def test_cli_verbose_prints_each_segment(tiny_folder: Path, wav: Path) -> None:
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("[")]
     assert lines and all(re.match(r"\[\d\d:\d\d\.\d{3} --> \d\d:\d\d\.\d{3}\] ", line) for line in lines)
-    # Then the text, as without --verbose.
-    plain = CliRunner().invoke(main, ["transcribe", str(wav), "--model", str(tiny_folder), "--temperature", "0"])
-    assert plain.exit_code == 0 and result.output.endswith(plain.output)
-    assert result.output.startswith("Detected language: ")
+    # Not the text again after the segments.
+    assert all(line.startswith(("[", "Detected language: ")) for line in result.stdout.splitlines())
+    assert result.stdout.startswith("Detected language: ")
 
 
 def test_cli_detect_language_prints_a_language(tiny, tiny_folder: Path, wav: Path) -> None:
     result = CliRunner().invoke(main, ["transcribe", str(wav), "--model", str(tiny_folder), "--detect-language",
                                        "--language-detection-segments", "2"])
     assert result.exit_code == 0, result.output
-    path, rest = result.output.strip().rsplit(": ", 1)
+    path, rest = result.stdout.strip().rsplit(": ", 1)
     code, probability = rest.split()
     assert path == str(wav) and code in tiny.special.languages and 0 < float(probability) <= 1
     piped = CliRunner().invoke(main, ["transcribe", "-", "--model", str(tiny_folder), "--detect-language",
                                       "--language-detection-segments", "2"], input=wav.read_bytes())
-    assert piped.exit_code == 0 and piped.output.strip() == result.output.strip().replace(str(wav), "<stdin>")
+    assert piped.exit_code == 0 and piped.stdout.strip() == result.stdout.strip().replace(str(wav), "<stdin>")
 
 
 def test_cli_detect_language_reads_a_long_recording_as_transcribing_it_does(tiny_folder: Path, tmp_path: Path,
@@ -269,7 +278,7 @@ def test_cli_detect_language_per_channel_with_split_stereo(tiny_folder: Path, tm
     result = CliRunner().invoke(main, ["transcribe", str(tmp_path / "call.wav"), "--model", str(tiny_folder),
                                        "--detect-language", "--split-stereo"])
     assert result.exit_code == 0, result.output
-    names = [line.rsplit(": ", 1)[0] for line in result.output.strip().splitlines()]
+    names = [line.rsplit(": ", 1)[0] for line in result.stdout.strip().splitlines()]
     assert names == [f"{tmp_path / 'call.wav'} (left)", f"{tmp_path / 'call.wav'} (right)"]
 
 
@@ -311,7 +320,7 @@ def test_batch_command_takes_the_decoding_options(tiny, tiny_folder: Path, wav: 
 def test_english_only_models_refuse_language_detection(tiny) -> None:
     from types import SimpleNamespace
 
-    from asr.cli.decode_options import check_for_model_cli as _check_for_model
+    from asr.cli.options import note_moot_options
     from asr.options import check_for_model
     from asr.whisper.language import detect_language
 
@@ -321,8 +330,8 @@ def test_english_only_models_refuse_language_detection(tiny) -> None:
     with pytest.raises(ValueError, match="English-only"):
         detect_language(english, noise(1))
     with pytest.raises(ValueError, match="English-only"):
-        _check_for_model(TranscribeOptions(), english, detect_only=True)
-    _check_for_model(TranscribeOptions(language_detection_segments=3), english, detect_only=False)  # a note only
+        note_moot_options(TranscribeOptions(), english, detect_only=True)
+    note_moot_options(TranscribeOptions(language_detection_segments=3), english, detect_only=False)  # a note only
 
 
 def test_progress_bar_for_any_file_over_one_window_unless_verbose(tiny, monkeypatch: pytest.MonkeyPatch,
@@ -330,6 +339,7 @@ def test_progress_bar_for_any_file_over_one_window_unless_verbose(tiny, monkeypa
     import tqdm
 
     from asr.cli.transcribe import transcribe_file
+    from asr.transcription import Transcriber
 
     made = []
 
@@ -346,13 +356,13 @@ def test_progress_bar_for_any_file_over_one_window_unless_verbose(tiny, monkeypa
             pass
 
     monkeypatch.setattr(tqdm, "tqdm", Bar)
-    options = TranscribeOptions(**FAST)
-    transcribe_file(tiny, noise(10), options)
+    transcriber = Transcriber(tiny, TranscribeOptions(**FAST))
+    transcribe_file(transcriber, noise(10))
     assert not made
-    transcribe_file(tiny, noise(35), options)
+    transcribe_file(transcriber, noise(35))
     assert len(made) == 1
-    transcribe_file(tiny, noise(35), options, verbose=True)
-    transcribe_file(tiny, noise(35), options, show_progress=False)
+    transcribe_file(transcriber, noise(35), verbose=True)
+    transcribe_file(transcriber, noise(35), show_progress=False)
     assert len(made) == 1
     assert capsys.readouterr().out.count(" --> ") >= 1
 
@@ -378,3 +388,4 @@ def test_a_hallucination_between_silences_is_dropped_and_skipped() -> None:
     kept, advance = skip_hallucinations(item, result, [speech, hallucination], 3000, ts)
     assert kept == [speech] and advance == 1500  # decoding resumes at the hallucination's start
     assert item.last_speech_timestamp == pytest.approx(3.0)
+

@@ -16,8 +16,6 @@ import torch
 from transformers import WhisperFeatureExtractor, WhisperForCausalLM
 
 from asr.models import cache
-from asr.models.convert import to_ct2_variables
-from asr.models.ct2 import write_ct2
 from asr.models.registry import (
     ModelNotFoundError,
     UnsupportedModelError,
@@ -28,6 +26,7 @@ from asr.models.registry import (
 )
 from asr.models.tokenizer import build_tokenizer, restore_missing_merges
 from tests.conftest import evaldata
+from tests.helpers_ct2 import to_ct2_variables, write_ct2
 from tests.test_ct2 import tiny_whisper
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."

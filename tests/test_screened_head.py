@@ -1,4 +1,4 @@
-"""The screened float32 head (`decoding.screened_head`): float32's argmax under Whisper's rules, float32's
+"""The screened float32 head (`decoding.kernels.screened_head`): float32's argmax under Whisper's rules, float32's
 logits where they are named, and the same words as the full head on tiny random models and on real speech."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding import native
-from decoding.kernels import WidenedLinear, full_head, native_bfloat16, reference_kernels
-from decoding.screened_head import _INT8_ROWS, HeadScreen, screened_head
+from decoding.kernels import native
+from decoding.kernels.products import WidenedLinear, full_head, native_bfloat16, reference_kernels
+from decoding.kernels.screened_head import _INT8_ROWS, HeadScreen, screened_head
 
 pytestmark = pytest.mark.skipif(not native_bfloat16(), reason="the screen needs a CPU with native bfloat16")
 
@@ -142,7 +142,7 @@ def test_whisper_rules_name_their_single_ids_and_everything_from_end_of_text() -
 
 
 def _transcribe(bundle, audio, assistant=None, **options):
-    from asr.longform import transcribe
+    from asr.transcription import transcribe
     from asr.options import TranscribeOptions
 
     return transcribe(bundle, audio, TranscribeOptions(**options), assistant)
@@ -182,7 +182,7 @@ def _widened_head(seed: int) -> WidenedLinear:
     return WidenedLinear(_head(seed).weight.detach().to(torch.bfloat16))
 
 
-@pytest.mark.skipif(native.library() is None, reason="WidenedLinear needs decoding.native")
+@pytest.mark.skipif(native.library() is None, reason="WidenedLinear needs decoding.kernels.native")
 @pytest.mark.parametrize("seed", range(12))
 def test_a_widened_heads_screen_gives_its_argmax_and_its_named_logits(seed: int) -> None:
     """The int8 model's head (bfloat16 weights, float32 products) screened: the argmax of the product over its
@@ -204,7 +204,7 @@ def test_a_widened_heads_screen_gives_its_argmax_and_its_named_logits(seed: int)
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
-@pytest.mark.skipif(native.library() is None, reason="WidenedLinear needs decoding.native")
+@pytest.mark.skipif(native.library() is None, reason="WidenedLinear needs decoding.kernels.native")
 def test_a_widened_linear_is_the_float32_product_of_its_widened_weights_row_by_row() -> None:
     head = _widened_head(3)
     widened = head.weight.float()

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from asr.longform import transcribe
+from asr.transcription import transcribe
 from asr.options import TranscribeOptions
 from audio import SAMPLE_RATE, load_audio
 from eval.normalize import normalize

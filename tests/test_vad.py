@@ -7,17 +7,18 @@ import math
 import subprocess
 import sys
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from asr.chunks import Chunk, SpeechMap, merge_chunks, shift_segments
+from asr.speech import Chunk, SpeechMap, merge_chunks, shift_segments
 from asr.cli import main
 from asr.options import BATCHED_VAD, TranscribeOptions
 from asr.results import Segment, Word
 from audio import N_SAMPLES, SAMPLE_RATE, load_audio
-from audio.vad import BACKENDS, SpeechRegion, VadOptions, speech_regions
+from audio.vad import SpeechRegion, VadOptions, speech_regions
 from tests.conftest import REPO, SAMPLES
 
 pytest.importorskip("silero_vad")
@@ -51,25 +52,15 @@ def test_speech_around_a_minute_of_silence_gives_regions_outside_it(park: np.nda
         assert region.end - region.start > seconds(2)
 
 
-def test_every_backend_finds_the_same_regions(park: np.ndarray) -> None:
-    audio = np.concatenate([park, np.zeros(seconds(3), dtype=np.float32), park])
-    found = {backend: speech_regions(audio, BATCHED_VAD, backend) for backend in BACKENDS}
-    assert len(found["onnx-sequence"]) >= 2
-    assert found["onnx"] == found["onnx-sequence"] == found["jit"]
-    with pytest.raises(ValueError, match="unknown VAD backend"):
-        speech_regions(audio, VadOptions(), "tflite")
-
-
 def test_the_vad_keeps_the_callers_thread_count() -> None:
     # In a fresh process: importing silero_vad sets torch's thread count to 1 once, at its first import (it
     # halved every encoder pass after the first VAD call before this was caught).
     script = (
         "import numpy as np, torch\n"
         "torch.set_num_threads(3)\n"
-        "from audio.vad import BACKENDS, VadOptions, speech_regions\n"
-        "for backend in BACKENDS:\n"
-        "    speech_regions(np.zeros(16000, dtype=np.float32), VadOptions(), backend)\n"
-        "    assert torch.get_num_threads() == 3, (backend, torch.get_num_threads())\n"
+        "from audio.vad import VadOptions, speech_regions\n"
+        "speech_regions(np.zeros(16000, dtype=np.float32), VadOptions())\n"
+        "assert torch.get_num_threads() == 3, torch.get_num_threads()\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, cwd=REPO)
 
@@ -149,6 +140,7 @@ class _StubDecoder:
 
     def __init__(self, options: TranscribeOptions) -> None:
         self.options = options
+        self.texts = SimpleNamespace(initial=[])
         self.batches: list[int] = []
         self.alive: list[int] = []
         self.refs: list[weakref.ref] = []
@@ -166,12 +158,14 @@ class _StubDecoder:
 
 
 def test_batched_mode_makes_chunks_as_the_batch_advances(park: np.ndarray) -> None:
-    from asr.chunked import transcribe_chunked
+    from asr.transcription import Transcriber
 
     gap = np.zeros(seconds(1), dtype=np.float32)
     audio = np.tile(np.concatenate([park, gap]), 60)  # ~5.6 minutes of speech: ~12 chunks
     decoder = _StubDecoder(TranscribeOptions(batch_size=4))
-    result, = transcribe_chunked(decoder, [audio], None, [])
+    transcriber = Transcriber.__new__(Transcriber)  # its checks need a model; the stub decoder needs none
+    transcriber.language, transcriber.options, transcriber.decoder = None, decoder.options, decoder
+    result, = transcriber.transcribe_many([audio])
     assert sum(decoder.batches) >= 10 and max(decoder.batches) == 4
     # Chunks not yet in a batch do not exist, and finished ones are gone: two batches' worth at most.
     assert max(decoder.alive) <= 8, decoder.alive

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from asr.assist.choose import make_assistant
-from asr.longform import DecodedWindow, transcribe, transcribe_many
+from asr.transcription import DecodedWindow, transcribe, transcribe_many
 from asr.models.precision import resolve_precision
 from asr.models.registry import load_model
 from asr.options import TranscribeOptions
@@ -194,17 +194,17 @@ def test_word_timestamps_hold_the_segments_words(scripted) -> None:
 def test_every_window_of_a_long_recording_is_normalised_as_the_whole_file(model, monkeypatch) -> None:
     """The sequential algorithm gives each window its recording's floor (`audio.recording_floor`, openai-whisper's
     whole-file clamp), computed once per recording; a recording of one window keeps its own."""
-    import asr.longform
+    import asr.transcription
     from audio import recording_floor
 
     calls = []
-    log_mel = asr.longform.log_mel
+    log_mel = asr.transcription.log_mel
 
     def recording(clips, n_mels, floors=None):
         calls.append(list(floors))
         return log_mel(clips, n_mels, floors=floors)
 
-    monkeypatch.setattr(asr.longform, "log_mel", recording)
+    monkeypatch.setattr(asr.transcription, "log_mel", recording)
     long, short = synthetic(3), synthetic(0)
     long[-10 * SAMPLE_RATE:] *= 0.05  # a quiet end
     transcribe_many(model, [long, short], GREEDY)

@@ -128,12 +128,13 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
         raise ValueError("int8 drafting uses PyTorch's int8 CPU kernels; on a GPU use :bf16 or :fp16")
     from accelerate.hooks import remove_hook_from_module
 
-    from asr.models.int8 import Int8Linear, dequantize_linears, quantize_linears
+    from asr.models.int8 import dequantize_linears, quantize_linears
     from asr.models.offload import materialized
     from asr.models.precision import int8_activations
-    from decoding.kernels import WidenedLinear
+    from decoding.kernels.int8 import Int8Linear
+    from decoding.kernels.products import WidenedLinear
 
-    # An int8 copy computes as the int8 model does: in float32 over decoding.native's int8 products, where a
+    # An int8 copy computes as the int8 model does: in float32 over decoding.kernels.native's int8 products, where a
     # step's small operations cost least, else in bfloat16 for PyTorch's int8 kernel.
     dtype = {"int8": int8_activations(), "bf16": torch.bfloat16, "fp16": torch.float16,
              "fp32": torch.float32}[precision]
@@ -235,18 +236,9 @@ def is_decoder_only(spec: str) -> bool:
     return "WhisperForCausalLM" in architectures
 
 
-def fuse_qkv(decoder: torch.nn.Module) -> torch.nn.Module:
-    """Replaces each self-attention's q, k and v projections by one Linear (in place; for drafting copies).
-
-    Whisper's key projection has no bias: its third of the fused bias is zero.
-    """
-    for layer in decoder.layers:
-        fuse_layer_qkv(layer)
-    return decoder
-
-
 def fuse_layer_qkv(layer: torch.nn.Module) -> torch.nn.Module:
-    """`fuse_qkv` for one decoder layer (in place); returns `layer`."""
+    """Replaces a decoder layer's self-attention q, k and v projections by one Linear (in place; for drafting
+    copies); returns `layer`. Whisper's key projection has no bias: its third of the fused bias is zero."""
     attention = layer.self_attn
     q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
     fused = torch.nn.Linear(q.in_features, 3 * q.out_features, device=q.weight.device, dtype=q.weight.dtype)

@@ -1,5 +1,12 @@
 """Which assistant drafts for a model: `--assistant` resolved (none, auto, self:PRECISION, a shipped draft, a
-model name, hub id or folder), and the rules `auto` follows."""
+model name, hub id or folder), and the rules `auto` follows.
+
+A distilled draft (`base-draft`, any `asr distill` folder) drafts constant rounds whose length is chosen when it is
+paired with its model, from the two models' step costs measured then (`asr.assist.rounds.measured_schedule`: the
+model's pass over 1 to 6 tokens and the draft's step, timed once per pair and logged at INFO, and the round with
+the most expected tokens a second at the draft's usual acceptance); an offloaded model's draft drafts
+`OFFLOAD_SCHEDULE` untimed. `--schedule` and `--num-assistant-tokens` override either.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +26,9 @@ from asr.assist.assistants import (
     low_precision_decoder,
     same_encoder,
 )
+from asr.assist.rounds import measured_schedule
 from asr.models.offload import OffloadOptions, offload_store
 from asr.models.precision import Precision, compute_dtype
-from decoding.kernels import native_rows_allowed
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +96,8 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
 
         draft = load_draft(folder, model_bundle.model)
         assistant = _in_precision(SharedEncoderAssistant(spec, draft), precision, spec)
-        assistant.schedule = draft_schedule()
+        assistant.schedule = OFFLOAD_SCHEDULE if offload_store(model_bundle.model) is not None else \
+            measured_schedule(model_bundle, assistant.decoder_model, assistant.dtype)
         return assistant
     if is_decoder_only(name):
         assistant = load_decoder_assistant(name, model_bundle, device=device, dtype=compute_dtype(dtype))
@@ -107,21 +115,6 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     return assistant
 
 
-# How a distilled draft drafts unless told otherwise (`--schedule`, `--num-assistant-tokens`): its steps are cheap
-# but it agrees on about three tokens in four, so short rounds of a constant length waste fewer steps than the
-# heuristic schedule, which grows k after every fully accepted round (docs/drafts.md). Over oneDNN's steps
-# (`base-draft:int8` on the sonnets and VoxPopuli: 1.07x-1.25x greedy with k = 3 in three interleaved runs,
-# 1.02x-1.03x with the heuristic) rounds of 3; over decoding.native's, where a check of several tokens costs
-# more against a step, rounds of 1 (decoder 1.16x and 1.15x greedy's on long-form and the 65 English recordings,
-# against 1.06x and 1.08x with rounds of 3, in one interleaved run each).
-ONEDNN_DRAFT_SCHEDULE = ("constant", 3)
-NATIVE_DRAFT_SCHEDULE = ("constant", 1)
-
-
-def draft_schedule() -> tuple[str, int]:
-    """The schedule a distilled draft drafts with here (the one measured best for the kernels in use)."""
-    return NATIVE_DRAFT_SCHEDULE if native_rows_allowed() else ONEDNN_DRAFT_SCHEDULE
-
 # Drafts trained by `asr distill` and shipped with the package, by name (`--assistant base-draft`).
 DRAFTS_DIR = Path(__file__).resolve().parent / "drafts"
 
@@ -138,10 +131,10 @@ def shipped_drafts() -> dict[str, Path]:
 def shipped_draft_for(model: torch.nn.Module) -> str | None:
     """The int8 copy of a shipped draft trained for `model` (`base-draft:int8` for `base`), or None.
 
-    `auto` drafts with it on a CPU where no distil-whisper student exists (`draft_schedule`): over oneDNN's
-    steps, in constant rounds of 3, it was faster than plain greedy with the same words on every set measured
-    (docs/drafts.md: 1.07x-1.25x on the sonnets and VoxPopuli, 1.15x on the 65 English WER recordings); over
-    `decoding.native`'s, in rounds of 1 and with its own int8 products native, 1.11x and 1.03x (decoder 1.16x
+    `auto` drafts with it on a CPU where no distil-whisper student exists, in constant rounds of the length
+    measured best for the pair (`asr.assist.rounds`). Over oneDNN's steps, in constant rounds of 3, it was faster
+    than plain greedy with the same words on every set measured (docs/drafts.md: 1.07x-1.25x on the sonnets and VoxPopuli, 1.15x on the 65 English WER recordings); over
+    `decoding.kernels.native`'s, in rounds of 1 and with its own int8 products native, 1.11x and 1.03x (decoder 1.16x
     and 1.15x).
     """
     from asr.assist.draft import check_draft

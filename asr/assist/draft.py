@@ -22,8 +22,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from asr.errors import first_line
-from asr.models.int8 import Int8Linear, dequantize_linears
-from decoding.kernels import OneDnnLinear, WidenedLinear
+from asr.models.int8 import dequantize_linears
+from decoding.kernels.int8 import Int8Linear
+from decoding.kernels.products import OneDnnLinear, WidenedLinear
 
 FORMAT = "assisted-whisper-draft"
 VERSION = 1
@@ -48,7 +49,7 @@ class SubsetHead(torch.nn.Module):
         self.vocab_size = weight.shape[0]
         self.register_buffer("ids", ids.to(device=weight.device, dtype=torch.long))
         # oneDNN's kernel (and its blocked layout) on a CPU, as the model's own head: MKL's, which a plain Linear
-        # calls, streams the weight at about half the speed at one row (decoding/kernels.py).
+        # calls, streams the weight at about half the speed at one row (decoding/kernels/products.py).
         self.linear = OneDnnLinear(weight.shape[1], len(ids), bias=False, device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
             self.linear.weight.copy_(weight.index_select(0, self.ids))

@@ -3,7 +3,7 @@
 The steps of a run (`run_batch`):
 1. take this process's share of the items (round-robin) less those already in the output (`--resume`);
 2. decode audio in background threads, a bounded number of items ahead of the model;
-3. group the decoded items `batch_size` at a time and transcribe each group with `asr.longform.transcribe_many`;
+3. group the decoded items `batch_size` at a time and transcribe each group (`asr.transcription.Transcriber`);
 4. append each item's row (a failed item gets an error row) and flush, in input order;
 5. with several processes, mark this share done; process 0 merges the shares into the output.
 """
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,10 @@ from asr.batch.shards import (
 from asr.batch.sources import Item, iter_items, load_item_audio
 from asr.errors import first_line
 from asr.options import TranscribeOptions
+
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
+    from asr.transcription import Transcriber, WindowAssistant
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +154,7 @@ def _check_output(output: Path, options: BatchOptions, processes: Processes) -> 
         marker_path(part_path(output, processes.index, processes.count)).unlink(missing_ok=True)
 
 
-def run_batch(source: str, output: str | Path, bundle: Any, assistant: Any = None,
+def run_batch(source: str, output: str | Path, bundle: WhisperBundle, assistant: WindowAssistant | None = None,
               options: TranscribeOptions = TranscribeOptions(), batch: BatchOptions = BatchOptions(),
               processes: Processes = Processes()) -> BatchSummary:
     """Transcribes this process's share of `source` into `output` (see the module docstring for the steps).
@@ -169,14 +173,10 @@ def run_batch(source: str, output: str | Path, bundle: Any, assistant: Any = Non
     Raises:
         ValueError: a source that cannot be read, or options the model cannot honour (before any compute).
     """
-    from asr.whisper.language import check_task, resolve_language
+    from asr.transcription import Transcriber
 
     start = time.perf_counter()
-    resolve_language(options.language, bundle)
-    check_task(options.task, bundle)
-    from asr.options import check_for_model
-
-    check_for_model(options, bundle)
+    transcriber = Transcriber(bundle, options, assistant)  # the options checked against the model, once
     output = Path(output)
     own = output if processes.count == 1 else part_path(output, processes.index, processes.count)
     summary = BatchSummary(processes=processes.count)
@@ -199,7 +199,7 @@ def run_batch(source: str, output: str | Path, bundle: Any, assistant: Any = Non
             decoded = _decode_ahead(share, batch.workers, depth=batch.batch_size + max(batch.workers, 1))
             for chunk in _chunks(decoded, batch.batch_size):
                 # Step 4: rows in input order, each one whole line; then to disk.
-                for row, seconds in _transcribe_chunk(bundle, chunk, options, assistant, batch.segments):
+                for row, seconds in _transcribe_chunk(transcriber, chunk, batch.segments):
                     writer.write(row)
                     summary.written += 1
                     summary.failed += row["error"] is not None
@@ -322,13 +322,12 @@ def _chunks(decoded: Iterator[tuple[Item, np.ndarray | None, str | None]], batch
         yield chunk
 
 
-def _transcribe_chunk(bundle: Any, chunk: list, options: TranscribeOptions, assistant: Any,
-                      with_segments: bool) -> Iterator[tuple[dict[str, Any], float]]:
+def _transcribe_chunk(transcriber: Transcriber, chunk: list, with_segments: bool) -> Iterator[tuple[dict[str, Any], float]]:
     """(row, audio seconds) for each item of a chunk, in order."""
     from audio import SAMPLE_RATE
 
     audios = [audio for _, audio, _ in chunk if audio is not None]
-    results = iter(_transcribe(bundle, audios, options, assistant) if audios else [])
+    results = iter(_transcribe(transcriber, audios) if audios else [])
     for item, audio, error in chunk:
         if audio is None:
             yield make_row(item, None, error, with_segments), 0.0
@@ -340,12 +339,10 @@ def _transcribe_chunk(bundle: Any, chunk: list, options: TranscribeOptions, assi
             yield make_row(item, result, None, with_segments), len(audio) / SAMPLE_RATE
 
 
-def _transcribe(bundle: Any, audios: list[np.ndarray], options: TranscribeOptions, assistant: Any) -> list:
+def _transcribe(transcriber: Transcriber, audios: list[np.ndarray]) -> list:
     """Transcripts of `audios`; when a batch fails, its items are retried alone and a failing one gets its error."""
-    from asr.longform import transcribe_many
-
     try:
-        return transcribe_many(bundle, audios, options, assistant, batch_size=max(len(audios), 1))
+        return transcriber.transcribe_many(audios, batch_size=max(len(audios), 1))
     except Exception as error:
         if isinstance(error, MemoryError) or "out of memory" in str(error).lower():
             raise  # the machine's problem, not the item's: stop, and let --resume continue later
@@ -354,4 +351,4 @@ def _transcribe(bundle: Any, audios: list[np.ndarray], options: TranscribeOption
             logger.debug("traceback", exc_info=True)
             return [first_line(f"transcription failed ({type(error).__name__}: {error})")]
         logger.warning("a batch of %d failed (%s); transcribing its items one by one", len(audios), first_line(str(error)))
-        return [result for audio in audios for result in _transcribe(bundle, [audio], options, assistant)]
+        return [result for audio in audios for result in _transcribe(transcriber, [audio])]

@@ -9,26 +9,16 @@ from pathlib import Path
 
 import click
 
-from asr.cli.decode_options import decoding_options, take_decoding
+from asr.cli.options import assistant_to_load, transcription_options
 from asr.cli.runtime import parse_offload, runtime_options, setup_runtime
-from asr.cli.search import search_options, search_settings
-from asr.constants import TASKS
 
 
 @click.command("batch", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False),
               help="Results file: one JSON line per item.")
-@click.option("--model", default="base", show_default=True, help="Model name (see `asr models`), hub id or folder.")
-@click.option("--assistant", default="none", show_default=True,
-              help="none, auto, self:bf16, self:int8, a model name, hub id or folder.")
-@click.option("--language", default=None, help="Spoken language code or name (default: detect per item).")
-@click.option("--task", type=click.Choice(TASKS), default="transcribe", show_default=True)
-@click.option("--timestamps/--without-timestamps", default=None,
-              help="Timestamp tokens: segments at the model's own times (default: on; off for items cut into chunks by --chunked).")
-@click.option("--word-timestamps", is_flag=True, help="Add word-level times to the segments.")
+@transcription_options
 @click.option("--segments", is_flag=True, help="Keep each item's segments in its row.")
-@search_options
 @click.option("--batch-size", default=1, show_default=True, type=int, help="Items transcribed together.")
 @click.option("--chunked", is_flag=True,
               help="Cut items longer than 30 s into speech chunks (Silero VAD) that share the batch with other "
@@ -45,11 +35,9 @@ from asr.constants import TASKS
 @runtime_options(threads_help="Torch CPU threads per process (default: the cores shared among the processes on this "
                               "machine).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@decoding_options
-def batch_command(source, output, model, assistant, language, task, timestamps, word_timestamps, segments,
-                  beam_size, patience, length_penalty, best_of, batch_size, chunked, workers, resume, retry_errors,
-                  overwrite, audio_column, text_column, split, device, dtype, offload, offload_folder, max_memory,
-                  threads, quiet, **more) -> None:
+def batch_command(source, output, model, assistant, make_options, segments, batch_size, chunked, workers, resume,
+                  retry_errors, overwrite, audio_column, text_column, split, device, dtype, offload, offload_folder,
+                  max_memory, threads, quiet) -> None:
     """Transcribe every item of SOURCE (a folder, a JSONL/CSV manifest, or a dataset) into one JSON row each.
 
     A failed item gets a row with `error` and the run goes on; the exit status is then 1, as it is for an
@@ -62,7 +50,6 @@ def batch_command(source, output, model, assistant, language, task, timestamps, 
     from asr.assist.choose import load_pair
     from asr.batch.run import BatchOptions, prepare_output, run_batch
     from asr.batch.shards import detect_processes, finish, start_together
-    from asr.options import TranscribeOptions
 
     output_path = Path(output)
     offloading = parse_offload(offload, offload_folder, max_memory)
@@ -71,10 +58,8 @@ def batch_command(source, output, model, assistant, language, task, timestamps, 
         batch = BatchOptions(audio_column=audio_column, text_column=text_column, split=split, batch_size=batch_size,
                              workers=workers, segments=segments, resume=resume, retry_errors=retry_errors,
                              overwrite=overwrite, progress=not quiet)
-        search, assistant = search_settings(assistant, beam_size, patience, length_penalty, best_of)
-        options = TranscribeOptions(language=language, task=task, timestamps=timestamps,
-                                    word_timestamps=word_timestamps, batch_size=batch_size if chunked else None,
-                                    **search, **take_decoding(more))
+        options = make_options(batch_size=batch_size if chunked else None)
+        assistant = assistant_to_load(assistant, options)
         lock = prepare_output(output_path, batch, processes)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
@@ -82,9 +67,9 @@ def batch_command(source, output, model, assistant, language, task, timestamps, 
         device, torch_dtype = _setup(device, dtype, threads, processes)
         start_together(processes, cpu=device == "cpu")
         try:
-            bundle, helper = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading,
+            bundle, chosen = load_pair(model, assistant, device=device, dtype=torch_dtype, offload=offloading,
                                        batched=chunked or batch_size > 1)
-            summary = run_batch(source, output_path, bundle, helper, options, batch, processes)
+            summary = run_batch(source, output_path, bundle, chosen, options, batch, processes)
         except ValueError as error:
             raise click.ClickException(str(error)) from None
         finally:

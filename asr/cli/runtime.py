@@ -73,7 +73,7 @@ def setup_runtime(device: str, dtype: str, threads: int | None):
     from transformers.utils import logging as transformers_logging
 
     from asr.models.precision import resolve_precision
-    from decoding.kernels import limit_kernel_caches
+    from decoding.kernels.products import limit_kernel_caches
 
     limit_kernel_caches()
     transformers_logging.disable_progress_bar()

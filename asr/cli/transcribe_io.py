@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
+    from asr.options import TranscribeOptions
 
 # The name that audio read from standard input (`asr transcribe -`) has in outputs: -o DIR gets DIR/stdin.<fmt>.
 STDIN_NAME = "stdin"
@@ -20,8 +23,7 @@ _LAYOUT = ("max_line_width", "max_line_count", "max_words_per_line", "highlight_
 
 
 def subtitle_options(command: Callable) -> Callable:
-    """Adds the subtitle layout options and --split-stereo to a command; the layout reaches it as one
-    `subtitle_layout` dict (for `parse_subtitles`)."""
+    """Adds the subtitle layout options and --split-stereo to a command (for `parse_subtitles`)."""
     options = [
         click.option("--max-line-width", type=int, default=None, metavar="N",
                      help="srt/vtt: at most N characters in a line before it breaks (needs --word-timestamps; "
@@ -40,17 +42,13 @@ def subtitle_options(command: Callable) -> Callable:
                           "'==> <name>.left <=='. Mono audio is an error."),
     ]
 
-    @functools.wraps(command)
-    def packed(*args: Any, **kwargs: Any) -> Any:
-        layout = {name: kwargs.pop(name) for name in _LAYOUT}
-        return command(*args, subtitle_layout=layout, **kwargs)
-
     for option in reversed(options):
-        packed = option(packed)
-    return packed
+        command = option(command)
+    return command
 
 
-def parse_subtitles(layout: dict[str, Any], word_timestamps: bool) -> Any:
+def parse_subtitles(*, max_line_width: int | None, max_line_count: int | None, max_words_per_line: int | None,
+                    highlight_words: bool, word_timestamps: bool) -> Any:
     """The `asr.writers.SubtitleOptions` of the layout options, or None when none is given; a note on stderr
     for each option that another one makes moot.
 
@@ -59,11 +57,12 @@ def parse_subtitles(layout: dict[str, Any], word_timestamps: bool) -> Any:
     """
     from asr.writers import SubtitleOptions
 
-    for name in _LAYOUT[:3]:
-        value = layout[name]
+    for name, value in (("max_line_width", max_line_width), ("max_line_count", max_line_count),
+                        ("max_words_per_line", max_words_per_line)):
         if value is not None and value < 1:
             raise ValueError(f"{_flag(name)} must be a positive integer, got {value}")
-    options = SubtitleOptions(**layout)
+    options = SubtitleOptions(max_line_width=max_line_width, max_line_count=max_line_count,
+                              max_words_per_line=max_words_per_line, highlight_words=highlight_words)
     if not options.given:
         return None
     if not word_timestamps:
@@ -135,3 +134,28 @@ def check_writable(folder: str) -> None:
             pass
     except OSError as error:
         raise ValueError(f"{folder}: cannot write the results there ({error.strerror or error})") from None
+
+
+def detect_languages(bundle: WhisperBundle, files: tuple[str, ...], options: TranscribeOptions,
+                     split_stereo: bool = False) -> int:
+    """Prints `NAME: CODE PROBABILITY` per file (per channel with `split_stereo`; `-` is standard input);
+    returns the exit status (1 when a file failed)."""
+    import sys
+
+    from asr.whisper.language import detect_language
+    from audio import load_audio, recording_floor
+
+    failures = 0
+    for path in files:
+        try:
+            for audio in audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read()):
+                samples = load_audio(audio.source)
+                # The recording's floor, as transcribing it would detect (asr.transcription.AudioProgress.floor).
+                language, probs = detect_language(bundle, samples, options.language_detection_segments,
+                                                  options.language_detection_threshold,
+                                                  recording_floor(samples, bundle.n_mels))
+                click.echo(f"{audio.name}: {language} {probs[language]:.4f}")
+        except ValueError as error:
+            click.echo(f"error: {error}", err=True)
+            failures += 1
+    return 1 if failures else 0

@@ -19,17 +19,20 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from asr.distill.tts import SynthesizerError, Voice, available_voices, degrade, synthesize
-from asr.longform import DecodedWindow, transcribe_many
+from asr.transcription import DecodedWindow, transcribe_many
 from asr.options import TranscribeOptions
 from asr.whisper.decoder import WhisperDecoderAdapter
 from audio import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +164,7 @@ def held_out(item_id: str, fraction: float) -> bool:
     return digest / 0xFFFFFFFF < fraction
 
 
-def label_items(bundle: Any, items: Iterator[tuple[str, Callable[[], np.ndarray]]], work: Path, *,
+def label_items(bundle: WhisperBundle, items: Iterator[tuple[str, Callable[[], np.ndarray]]], work: Path, *,
                 options: TranscribeOptions, top_k: int, held_out_fraction: float, batch_size: int = 8,
                 group_size: int = 48, progress: Callable[[float], None] | None = None) -> dict[str, int]:
     """Decodes every item with the model (greedy, sequential algorithm) and caches each window it decoded.
@@ -248,7 +251,7 @@ def labelled_items(path: Path) -> dict[str, dict]:
 
 
 @torch.inference_mode()
-def window_from_decoded(bundle: Any, decoded: DecodedWindow, top_k: int) -> Window:
+def window_from_decoded(bundle: WhisperBundle, decoded: DecodedWindow, top_k: int) -> Window:
     """A training window: what the model decoded, with its top-k logits at each generated position (the
     position after the last token predicts end-of-text)."""
     encoder_output = decoded.encoder_output[None]
@@ -260,7 +263,7 @@ def window_from_decoded(bundle: Any, decoded: DecodedWindow, top_k: int) -> Wind
                   indices.cpu(), values.float().cpu())
 
 
-def _save_window(bundle: Any, decoded: DecodedWindow, path: Path, top_k: int) -> None:
+def _save_window(bundle: WhisperBundle, decoded: DecodedWindow, path: Path, top_k: int) -> None:
     """Caches a window (encoder output and logits in float16)."""
     window = window_from_decoded(bundle, decoded, top_k)
     save_file({

@@ -18,11 +18,14 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from asr.distill.train import TrainOptions
+
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
 
 __all__ = ["DistillOptions", "TrainOptions", "distill"]
 
@@ -200,7 +203,7 @@ def _claim_work(work: Path, model: str, options: DistillOptions) -> None:
         raise ValueError(f"cannot create work folder {work}: {error.strerror or error}") from None
 
 
-def _label(bundle: Any, work: Path, options: DistillOptions, sentences: list[str] | None,
+def _label(bundle: WhisperBundle, work: Path, options: DistillOptions, sentences: list[str] | None,
            show_progress: bool) -> dict[str, Any]:
     """Synthesises (when asked) and decodes all audio into cached windows; returns counts per kind."""
     from asr.batch.sources import iter_items, load_item_audio
@@ -236,7 +239,7 @@ def _label(bundle: Any, work: Path, options: DistillOptions, sentences: list[str
     return counts
 
 
-def _decode_all(bundle: Any, work: Path, items: Iterator, options: Any, label: dict, what: str,
+def _decode_all(bundle: WhisperBundle, work: Path, items: Iterator, options: Any, label: dict, what: str,
                 show_progress: bool) -> dict[str, int]:
     from asr.distill.data import label_items
 

@@ -172,31 +172,6 @@ def to_state_dict(ct2: Ct2File) -> tuple[dict[str, torch.Tensor], WhisperConfig]
     return sd, config
 
 
-def to_ct2_variables(model: WhisperForConditionalGeneration,
-                     dtype: torch.dtype = torch.float16) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The inverse of :func:`to_state_dict`: a transformers Whisper in CTranslate2's layout (for tests).
-
-    Args:
-        model: The model to export (tied output head).
-        dtype: Dtype of the exported weights.
-
-    Returns:
-        Variables (with the spec's flags and head counts) and the output-head alias.
-    """
-    sd = {k: t.detach().to(dtype) for k, t in model.state_dict().items()}
-    cfg = model.config
-    out: dict[str, torch.Tensor] = {k: torch.tensor(val, dtype=torch.int8) for k, val in _EXPECTED_FLAGS.items()}
-    out["encoder/num_heads"] = torch.tensor(cfg.encoder_attention_heads, dtype=torch.int16)
-    out["decoder/num_heads"] = torch.tensor(cfg.decoder_attention_heads, dtype=torch.int16)
-    for src, dst in _plain_names(cfg.encoder_layers, cfg.decoder_layers):
-        out[src] = sd[dst]
-    for src, dsts in _fused_names(cfg.encoder_layers, cfg.decoder_layers):
-        zeros = torch.zeros(cfg.d_model, dtype=dtype)  # k_proj has no bias: CTranslate2 stores zeros there
-        out[f"{src}/weight"] = torch.cat([sd[f"{dst}.weight"] for dst in dsts])
-        out[f"{src}/bias"] = torch.cat([sd.get(f"{dst}.bias", zeros) for dst in dsts])
-    return out, {"decoder/projection/weight": "decoder/embeddings/weight"}
-
-
 def convert_ct2(model_files: Sequence[Path], config_json: Path, tokenizer_json: Path, out_dir: Path) -> None:
     """Converts a faster-whisper model into a transformers folder (model, generation config, processor).
 

@@ -1,4 +1,4 @@
-"""Read and write CTranslate2 ``model.bin`` files as plain data.
+"""Read CTranslate2 ``model.bin`` files as plain data.
 
 The layout is little-endian::
 
@@ -17,11 +17,10 @@ import logging
 import math
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -40,7 +39,6 @@ DTYPES: dict[int, torch.dtype] = {
     4: torch.float16,
     5: torch.bfloat16,
 }
-_CODES = {dtype: code for code, dtype in DTYPES.items()}
 
 PathLike = str | os.PathLike
 
@@ -207,52 +205,3 @@ def read_ct2(path: PathLike | Sequence[PathLike]) -> Ct2File:
                  n_variables, n_aliases)
     return Ct2File(path=name, spec=spec, version=version, revision=revision, variables=variables,
                    aliases=aliases)
-
-
-def _pack_string(s: str) -> bytes:
-    raw = s.encode("utf-8") + b"\0"
-    if len(raw) > 0xFFFF:
-        raise ValueError(f"string too long for a CTranslate2 file: {s[:40]!r}...")
-    return struct.pack("<H", len(raw)) + raw
-
-
-def write_ct2(
-    path: PathLike,
-    variables: Mapping[str, torch.Tensor | np.ndarray],
-    aliases: Mapping[str, str] | None = None,
-    *,
-    spec: str = "WhisperSpec",
-    version: int = 6,
-    revision: int = 3,
-) -> None:
-    """Writes variables in CTranslate2's ``model.bin`` layout (the inverse of :func:`read_ct2`).
-
-    Args:
-        path: Output file.
-        variables: Name -> tensor or array; dtypes float32, int8, int16, int32, float16 or bfloat16.
-        aliases: Alias name -> stored variable name.
-        spec: Spec name written in the header.
-        version: Binary version written in the header.
-        revision: Spec revision written in the header.
-
-    Raises:
-        ValueError: A dtype has no CTranslate2 code, or an alias points to a missing variable.
-    """
-    aliases = dict(aliases or {})
-    parts = [struct.pack("<I", version), _pack_string(spec), struct.pack("<I", revision),
-             struct.pack("<I", len(variables))]
-    for name, value in variables.items():
-        tensor = torch.as_tensor(value).contiguous()
-        if tensor.dtype not in _CODES:
-            raise ValueError(f"variable {name!r}: dtype {tensor.dtype} has no CTranslate2 code")
-        # A uint8 view keeps bfloat16 intact (numpy has no bfloat16).
-        raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        parts += [_pack_string(name), struct.pack("<B", tensor.dim()),
-                  struct.pack(f"<{tensor.dim()}I", *tensor.shape),
-                  struct.pack("<BI", _CODES[tensor.dtype], len(raw)), raw]
-    parts.append(struct.pack("<I", len(aliases)))
-    for alias, target in aliases.items():
-        if target not in variables:
-            raise ValueError(f"alias {alias!r} points to missing variable {target!r}")
-        parts += [_pack_string(alias), _pack_string(target)]
-    Path(path).write_bytes(b"".join(parts))

@@ -1,13 +1,13 @@
 """Model precisions a user picks with `--dtype` (faster-whisper's `compute_type`), and the int8 model.
 
 `int8` is weight-only int8 for the decoder's linear layers (one scale per output row, the kernel of the
-`self:int8` drafts), with activations, norms and the key/value buffers in float32 where `decoding.native` is
+`self:int8` drafts), with activations, norms and the key/value buffers in float32 where `decoding.kernels.native` is
 built, else bfloat16 (`int8_activations`), the token table in bfloat16, and the encoder in bfloat16: its
 1,500-row products are compute-bound, where int8 weights bring nothing and bfloat16 (AVX512-BF16 / AMX) halves
-the time. The output head is the token table itself, multiplied in float32 (`decoding.kernels.WidenedLinear`),
+the time. The output head is the token table itself, multiplied in float32 (`decoding.kernels.products.WidenedLinear`),
 which greedy decoding screens through an int8 copy as it does a float32 head: a step reads the bytes of an int8
 head, and the words are the bfloat16 head's (an int8 head cost WER, docs/precision.md). Without
-`decoding.native` the head is int8 too. Every int8 product is the same for a row whichever rows are computed
+`decoding.kernels.native` the head is int8 too. Every int8 product is the same for a row whichever rows are computed
 with it, so assisted decoding checks drafts with the same numbers greedy decoding would produce.
 """
 
@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from decoding.kernels import native_bfloat16
+from decoding.kernels.products import native_bfloat16
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def pack_decoder(model: torch.nn.Module) -> torch.nn.Module:
 
     Packed bfloat16 products are still not row-independent for every row count (fc2's, over 2,048 inputs, differ
     between 1 and 5 rows), so assisted decoding over a bfloat16 model is exact only up to such rounding."""
-    from decoding.kernels import OneDnnLinear
+    from decoding.kernels.products import OneDnnLinear
 
     for module in model.get_decoder().modules():
         if isinstance(module, OneDnnLinear):
@@ -94,7 +94,7 @@ def pack_for_rows(model: torch.nn.Module) -> bool:
     `PACK_FOR_ROWS_LIMIT` (the copy is as large as the layers: 84 MB for base, 2.9 GB for large-v3), offloaded
     ones (their layers are fetched per pass), or other precisions (bfloat16 ones are packed at loading)."""
     from asr.models.offload import offload_store
-    from decoding.kernels import OneDnnLinear
+    from decoding.kernels.products import OneDnnLinear
 
     decoder = model.get_decoder()
     linears = [m for m in decoder.layers.modules() if isinstance(m, OneDnnLinear) and m.weight.dtype == torch.float32]
@@ -106,10 +106,10 @@ def pack_for_rows(model: torch.nn.Module) -> bool:
 
 
 def int8_activations() -> torch.dtype:
-    """The int8 model's decoder activations: float32 where `decoding.native` is built (its int8 products take
+    """The int8 model's decoder activations: float32 where `decoding.kernels.native` is built (its int8 products take
     float32 rows at the int8 weights' speed, and its attention keeps each row on its own), else bfloat16
     (PyTorch's int8 kernel and row-exact bfloat16 attention)."""
-    from decoding.kernels import native_rows_allowed
+    from decoding.kernels.products import native_rows_allowed
 
     return torch.float32 if native_rows_allowed() else torch.bfloat16
 
@@ -117,8 +117,9 @@ def int8_activations() -> torch.dtype:
 @torch.no_grad()
 def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     """Makes a float32 Whisper model the int8 model described above (in place); returns it."""
-    from asr.models.int8 import Int8Linear, quantize_linears
-    from decoding.kernels import WidenedLinear
+    from asr.models.int8 import quantize_linears
+    from decoding.kernels.int8 import Int8Linear
+    from decoding.kernels.products import WidenedLinear
 
     decoder = model.get_decoder()
     dtype = int8_activations()
@@ -137,7 +138,7 @@ def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     # the same bits in a one-token step and in a check of drafts.
     model.attention_span = model.config.max_target_positions
     # Its cross-attention keys and values rounded to bfloat16 (its encoder computes in bfloat16): a native step
-    # streams half the bytes of them, a sixth of its time (WhisperDecoderAdapter, asr.whisper.native_step).
+    # streams half the bytes of them, a sixth of its time (WhisperDecoderAdapter, decoding.kernels.native_step).
     model.cross_attention_dtype = torch.bfloat16
     logger.debug("int8 decoder, %s head, bfloat16 encoder", type(model.proj_out).__name__)
     return model

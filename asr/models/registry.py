@@ -52,7 +52,7 @@ from asr.models.precision import (
     quantize_model,
 )
 from asr.models.tokenizer import SpecialTokens, build_generation_config, special_tokens
-from decoding.kernels import use_cpu_kernels
+from decoding.kernels.products import use_cpu_kernels
 
 __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
            "WhisperBundle", "cache_dir", "known_models", "load_model"]

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from asr.results import Segment, Word
+
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
 
 # Encoder positions per second (each covers two 10 ms mel frames).
 TOKENS_PER_SECOND = 50
@@ -105,8 +108,8 @@ def _merge_punctuations(timings: list[_Timing]) -> list[_Timing]:
     return timings
 
 
-def add_word_timestamps(segments: list[Segment], bundle, encoder_output: torch.Tensor, start_sequence: list[int],
-                        num_frames: int, time_offset: float, language: str) -> None:
+def add_word_timestamps(segments: list[Segment], bundle: WhisperBundle, encoder_output: torch.Tensor,
+                        start_sequence: list[int], num_frames: int, time_offset: float, language: str) -> None:
     """Fills `segment.words` for one window's segments and fits each segment's times to its words.
 
     Args:

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from asr.models.offload import offload_store
-from asr.whisper.graphed_step import graphed_steps
-from asr.whisper.native_step import NativeStep
 from decoding.causal_lm import layer_norm_fn, linear_fn
-from decoding.kernels import Attention, linear, prompt_pass
+from decoding.kernels.graphed_step import graphed_steps
+from decoding.kernels.native_step import NativeStep
+from decoding.kernels.products import Attention, linear, prompt_pass
+from decoding.kernels.screened_head import screened_head
 from decoding.kv_cache import StaticKVCache, causal_mask
-from decoding.screened_head import screened_head
 
 
 class WhisperDecoderAdapter:
@@ -36,7 +36,7 @@ class WhisperDecoderAdapter:
     def __init__(self, model: torch.nn.Module, encoder_output: torch.Tensor, capacity: int = 256,
                  drafting: bool = False) -> None:
         decoder = model.get_decoder()
-        # Steps after the prompt may run as one native call (`asr.whisper.native_step`), built at the first step
+        # Steps after the prompt may run as one native call (`decoding.kernels.native_step`), built at the first step
         # that can use it; a drafting copy's reads its cross-attention in bfloat16 (the model checks its tokens).
         self.model = model
         self.drafting = drafting
@@ -85,7 +85,7 @@ class WhisperDecoderAdapter:
                           for layer in self._plans()]
         # Renewed whenever `cross` is: graphs copy the keys and values into their buffers when it changes.
         self.cross_version = next(_CROSS_VERSIONS)
-        # On a GPU, steps after the prompt replay CUDA graphs (`asr.whisper.graphed_step`).
+        # On a GPU, steps after the prompt replay CUDA graphs (`decoding.kernels.graphed_step`).
         self.graphs = graphed_steps(self)
 
     def _plans(self) -> Iterator[_LayerPlan]:
@@ -192,7 +192,7 @@ class WhisperDecoderAdapter:
 
     def screened(self, exact_ids: Sequence[int]) -> "WhisperDecoderAdapter":
         """The same decoder with its float32 head screened through bfloat16 for greedy decoding
-        (`decoding.screened_head`): the same argmax, the logits of `exact_ids` in float32; itself where the
+        (`decoding.kernels.screened_head`): the same argmax, the logits of `exact_ids` in float32; itself where the
         screen does not apply, or for an offloaded model (whose memory the screen's bfloat16 copy would take)."""
         head = screened_head(self.head, exact_ids) if self.store is None else None
         if head is None:
@@ -280,7 +280,7 @@ class _LayerPlan:
 
 
 def _qkv(attention: Any) -> Fn:
-    """Query, key and value projections: one fused matmul where the copy has one (`fuse_qkv`), else three."""
+    """Query, key and value projections: one fused matmul where the copy has one (`fuse_layer_qkv`), else three."""
     fused = getattr(attention, "qkv_proj", None)
     if fused is not None:
         width = fused.out_features // 3

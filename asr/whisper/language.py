@@ -10,16 +10,33 @@ import torch
 
 from asr.whisper.decoder import WhisperDecoderAdapter
 from asr.whisper.window import encode
-from audio import HOP_LENGTH, N_SAMPLES, log_mel
+from audio import N_SAMPLES, log_mel
 
 if TYPE_CHECKING:
-    from asr.items import _Item
+    from asr.models.registry import WhisperBundle
     from asr.models.tokenizer import SpecialTokens
 
 logger = logging.getLogger(__name__)
 
 
-def resolve_language(code: str | None, bundle) -> str | None:
+def language_code(code: str) -> str:
+    """A language code or name ("de", "German") as Whisper's code; no model needed, so that the command line
+    refuses an unknown language before it loads one.
+
+    Raises:
+        ValueError: a language Whisper does not know.
+    """
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
+
+    key = code.strip().lower()
+    key = TO_LANGUAGE_CODE.get(key, key)
+    if key not in LANGUAGES:
+        raise ValueError(f"unknown language {code!r}; use a code such as {', '.join(list(LANGUAGES)[:8])}, ... "
+                         "or a name such as German")
+    return key
+
+
+def resolve_language(code: str | None, bundle: WhisperBundle) -> str | None:
     """Turns a language code or name ("de", "German") into a code the model knows.
 
     Raises:
@@ -41,7 +58,7 @@ def resolve_language(code: str | None, bundle) -> str | None:
     return key
 
 
-def check_task(task: str, bundle) -> None:
+def check_task(task: str, bundle: WhisperBundle) -> None:
     """Raises ValueError when `bundle`'s model cannot do `task` (English-only models cannot translate)."""
     if task == "translate" and not bundle.is_multilingual:
         raise ValueError(f"model {bundle.name} is English-only; it cannot translate")
@@ -70,7 +87,7 @@ def detect_languages(decoder: WhisperDecoderAdapter, special: SpecialTokens) -> 
     return out
 
 
-def detect_language(bundle, samples: np.ndarray, segments: int = 1, threshold: float = 0.5,
+def detect_language(bundle: WhisperBundle, samples: np.ndarray, segments: int = 1, threshold: float = 0.5,
                     floor: float | None = None) -> tuple[str, dict[str, float]]:
     """The language of the first `segments` 30 s windows of `samples`, and each language code's probability
     (`floor`: the features' floor of the recording they are cut from, `audio.recording_floor`).
@@ -97,28 +114,3 @@ def detect_language(bundle, samples: np.ndarray, segments: int = 1, threshold: f
     language = max(average, key=average.get)
     logger.info("detected language %s (p=%.2f) over %d window(s)", language, average[language], len(seen))
     return language, average
-
-
-def detect_items(window_decoder, items: list[_Item], model_decoder: WhisperDecoderAdapter) -> None:
-    """Sets the language of items that have none (and, multilingual, of every item's current window).
-
-    One window each from the model's encoder output of the batch; several windows of the item's audio from
-    its current position when `options.language_detection_segments` > 1.
-    """
-    bundle, options = window_decoder.bundle, window_decoder.options
-    if options.language_detection_segments > 1:
-        for item in items:
-            if item.language is None:
-                item.language, item.language_probs = detect_language(
-                    bundle, item.samples[item.seek * HOP_LENGTH:], options.language_detection_segments,
-                    options.language_detection_threshold, item.floor(bundle.n_mels))
-                item.window_language = item.language
-    rows = [i for i, item in enumerate(items) if item.language is None or options.multilingual]
-    if not rows:
-        return
-    for i, (language, probs) in zip(rows, detect_languages(model_decoder.rows(rows), bundle.special)):
-        item = items[i]
-        if item.language is None:
-            item.language, item.language_probs = language, probs
-            logger.info("detected language %s (p=%.2f)", language, probs[language])
-        item.window_language = language

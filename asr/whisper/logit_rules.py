@@ -83,7 +83,7 @@ class TimestampRules:
 
 
 def screen_exact_ids(filters: Sequence[LogitsFilter], special: SpecialTokens, vocab_size: int) -> list[int] | None:
-    """The ids a screened head (`decoding.screened_head`) must give in float32 for greedy decoding under these
+    """The ids a screened head (`decoding.kernels.screened_head`) must give in float32 for greedy decoding under these
     filters to take float32's argmax, or None when a filter is not one of Whisper's rules.
 
     The rules mask single ids (suppressed, blank at begin), whole ranges that start at end-of-text or at the

@@ -19,11 +19,11 @@ the layers as before (the same kernels, launched one by one). The capture's repl
 are checked against the layers' pass: a difference beyond rounding, or a capture that fails, turns the model's
 graphs off with a warning, so a wrong graph costs speed, never words.
 
-`ASSISTED_WHISPER_CUDA_GRAPHS=0` turns graphs off. On a CPU there are none; within `replayed_eagerly()` the same
-steps run there with PyTorch's own kernels (SDPA, `F.linear`, as on a GPU), a capture recording the step's
-operations as it runs them once and a replay running those operations again over the same tensors, every result
-written where the capture's was: what a graph does, host values and all (one read at capture stays as read). So
-the tests check on a CPU what a replay computes.
+`ASSISTED_WHISPER_CUDA_GRAPHS=0` turns graphs off. On a CPU there are none; within `captured_by(capture)` the same
+steps run there over the same buffers, `capture` standing in for a graph's capture: the tests give one that records
+the step's operations as it runs them once and a replay that runs those operations again over the same tensors,
+every result written where the capture's was (what a graph does, host values and all), and so check on a CPU what
+a replay computes.
 """
 
 from __future__ import annotations
@@ -38,10 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-from decoding.kernels import reference_kernels
 from decoding.kv_cache import StaticKVCache, causal_mask
 
 # Widest step a graph is captured for: a check of up to 15 drafts. Wider passes go through the layers.
@@ -54,33 +51,36 @@ CHECKED_RUNS = 2
 log = logging.getLogger(__name__)
 
 _ENABLED = os.environ.get("ASSISTED_WHISPER_CUDA_GRAPHS", "1") != "0"
-_EAGER = contextvars.ContextVar("replayed_eagerly", default=False)
+# What stands in for a CUDA graph's capture off a GPU (`captured_by`), or None: no graphs there.
+Capture = Callable[[Callable[[], None]], Callable[[], None]]
+_CAPTURE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("capture", default=None)
 _STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, GraphedSteps]" = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
-def replayed_eagerly() -> Iterator[None]:
-    """Within it, adapters built on a CPU use PyTorch's own kernels and step over the graphs' buffers too, each
-    step's operations recorded at capture and run again at each replay (see the module's docstring; for tests)."""
-    token = _EAGER.set(True)
+def captured_by(capture: Capture) -> Iterator[None]:
+    """Within it, adapters built off a GPU step over the graphs' buffers too, `capture(run)` standing in for a
+    graph's capture of a step (`run`, a function of nothing but those buffers) and returning its replay; for tests,
+    which check on a CPU what a replay computes."""
+    token = _CAPTURE.set(capture)
     try:
-        with reference_kernels():
-            yield
+        yield
     finally:
-        _EAGER.reset(token)
+        _CAPTURE.reset(token)
 
 
 def graphed_steps(adapter: Any) -> "GraphedSteps | None":
     """The graphs of `adapter`'s model (a `WhisperDecoderAdapter`), or None where they do not apply: not on a
-    GPU (outside `replayed_eagerly()`), turned off, an offloaded decoder (its weights move every pass), or a decoder
+    GPU (outside `captured_by()`), turned off, an offloaded decoder (its weights move every pass), or a decoder
     over a fixed span of slots (the int8 model, CPU only)."""
     if not _ENABLED or adapter.store is not None or adapter.span is not None:
         return None
-    if adapter.device.type != "cuda" and not _EAGER.get():
+    capture = _CAPTURE.get()
+    if adapter.device.type != "cuda" and capture is None:
         return None
     steps = _STEPS.get(adapter.model)
     if steps is None or steps.device != adapter.device:
-        steps = _STEPS[adapter.model] = GraphedSteps(adapter.device)
+        steps = _STEPS[adapter.model] = GraphedSteps(adapter.device, capture)
     return steps
 
 
@@ -142,8 +142,9 @@ class _Buffers:
 class GraphedSteps:
     """A model's decoder steps as CUDA graphs over buffers kept with the model (see the module's docstring)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, capture: Capture | None = None) -> None:
         self.device = device
+        self.capture = capture  # off a GPU: what stands in for a graph's capture (`captured_by`)
         self.enabled = True  # off for good after a capture fails or a replay disagrees with the layers
         self.buffers: list[_Buffers] = []
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
@@ -276,9 +277,9 @@ class GraphedSteps:
 
     def _capture(self, run: Callable[[], None]) -> Callable[[], None]:
         """`run` recorded as a CUDA graph (after warm-up runs on a side stream, as CUDA graphs require), or `run`
-        itself outside a GPU (`replayed_eagerly()`)."""
+        what stands in for the capture outside a GPU (`captured_by`)."""
         if self.device.type != "cuda":
-            return _Recording(run)
+            return self.capture(run)
         # On the model's device, whichever is current (a process of `accelerate launch` may hold several).
         with torch.cuda.device(self.device):
             side = torch.cuda.Stream()
@@ -296,37 +297,6 @@ class GraphedSteps:
             with torch.cuda.device(self.device):
                 graph.replay()
         return replay
-
-
-class _Recording(TorchDispatchMode):
-    """`run`'s operations as it ran once, run again over the same tensors by `__call__`, each result copied where
-    the recorded one lies (a CUDA graph's fixed addresses); results that are their inputs' memory (views,
-    in-place operations) are left where they are."""
-
-    def __init__(self, run: Callable[[], None]) -> None:
-        super().__init__()
-        self.operations: list[tuple[Any, tuple, dict, list[tuple[torch.Tensor, bool]]]] = []
-        with self:
-            run()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        inputs = {_storage(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        outputs = [(t, _storage(t) not in inputs) for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-        self.operations.append((func, args, kwargs, outputs))
-        return result
-
-    def __call__(self) -> None:
-        for func, args, kwargs, outputs in self.operations:
-            fresh = [t for t in tree_flatten(func(*args, **kwargs))[0] if isinstance(t, torch.Tensor)]
-            for (recorded, own), value in zip(outputs, fresh):
-                if own:
-                    recorded.copy_(value)
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr() if t.numel() else id(t)
 
 
 def _close(logits: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> bool:

@@ -7,12 +7,12 @@ reordering), and takes much longer for six rows than for one, where oneDNN check
 of one (docs/precision.md has the figures). (The encoder's 1,500-row products
 run at the CPU's peak either way.)
 
-Products of a float32 weight with at most `decoding.native.MAX_ROWS` rows (every decoder step, checks of a few
-drafts) go through `decoding.native` instead where it could be built: one pass over the weight at nearly the
-speed of memory, each row's sums in one fixed order. `onednn_only()` (or `ASSISTED_WHISPER_KERNELS=onednn`)
-keeps oneDNN for them, for comparisons. `reference_kernels()` (or `ASSISTED_WHISPER_KERNELS=aten` in the
-environment) selects PyTorch's defaults instead of both, for comparisons and for bit-for-bit checks against
-transformers.
+Products of a float32 weight with at most `native.MAX_ROWS` rows (every decoder step, checks of a few drafts) go
+through `decoding.kernels.native` instead where it could be built: one pass over the weight at nearly the speed of
+memory, each row's sums in one fixed order. `onednn_only()` keeps oneDNN for them, for comparisons.
+`reference_kernels()` selects PyTorch's defaults instead of both, for comparisons and for bit-for-bit checks against
+transformers. `full_head()` turns the screen of a float32 head off. These switches are context managers only (a
+benchmark or `asr eval`'s `kernels=` sets them around what it runs); nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -25,22 +25,20 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from decoding import native
+from decoding.kernels import native
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
-_REFERENCE = contextvars.ContextVar("reference_kernels", default=os.environ.get("ASSISTED_WHISPER_KERNELS") == "aten")
+# Whether functions built here use PyTorch's default kernels; on with `reference_kernels()`.
+_REFERENCE = contextvars.ContextVar("reference_kernels", default=False)
 
 
-# Whether greedy decoding over a float32 head may screen it (`decoding.screened_head`); off with `full_head()` or
-# ASSISTED_WHISPER_KERNELS=full-head.
-_FULL_HEAD = contextvars.ContextVar("full_head", default=os.environ.get("ASSISTED_WHISPER_KERNELS") == "full-head")
+# Whether greedy decoding over a float32 head may not screen it (`screened_head`); on with `full_head()`.
+_FULL_HEAD = contextvars.ContextVar("full_head", default=False)
 
 
-# Whether few-row float32 products keep oneDNN instead of `decoding.native`; on with `onednn_only()` or
-# ASSISTED_WHISPER_KERNELS=onednn.
-_ONEDNN_ONLY = contextvars.ContextVar("onednn_only",
-                                      default=os.environ.get("ASSISTED_WHISPER_KERNELS") == "onednn")
+# Whether few-row float32 products keep oneDNN instead of `native`; on with `onednn_only()`.
+_ONEDNN_ONLY = contextvars.ContextVar("onednn_only", default=False)
 
 
 # Whether the decoder pass now running fills an empty cache (`prompt_pass`).
@@ -68,7 +66,8 @@ def full_head(on: bool = True) -> contextlib.AbstractContextManager[None]:
 
 
 def onednn_only(on: bool = True) -> contextlib.AbstractContextManager[None]:
-    """Within the block, functions built here multiply few rows through oneDNN, not `decoding.native`, when `on`."""
+    """Within the block, functions built here multiply few rows through oneDNN, not `native`'s kernels, when
+    `on`."""
     return _switched(_ONEDNN_ONLY, on)
 
 
@@ -88,14 +87,14 @@ MANY_ROWS = 256
 
 
 def row_by_row(rows: int) -> bool:
-    """Whether a product of `rows` rows over int8 or widened bfloat16 weights runs row by row (`decoding.native`):
+    """Whether a product of `rows` rows over int8 or widened bfloat16 weights runs row by row (`native`):
     decoding's steps and checks do; a prompt's many rows (the same call in plain and assisted decoding) and an
     encoder output's do not, as the weights dequantised once and a bfloat16 product take a fraction of the time."""
     return rows < MANY_ROWS and not (rows > native.MAX_ROWS and in_prompt_pass())
 
 
 def native_rows_allowed(weight: torch.Tensor | None = None) -> bool:
-    """Whether few-row products (over `weight`, when given: dense float32 on a CPU) may use `decoding.native`
+    """Whether few-row products (over `weight`, when given: dense float32 on a CPU) may use `decoding.kernels.native`
     here: not under `reference_kernels()` or `onednn_only()`, and the library built."""
     if _REFERENCE.get() or _ONEDNN_ONLY.get():
         return False
@@ -133,7 +132,7 @@ def _few_rows(x: torch.Tensor) -> bool:
 
 def linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None) -> Fn:
     """`x -> x @ weight.T + bias` through oneDNN on a CPU (float32, bfloat16; over `packed`, the weight in
-    oneDNN's layout, when given), few float32 rows through `decoding.native` where allowed, `F.linear`
+    oneDNN's layout, when given), few float32 rows through `decoding.kernels.native` where allowed, `F.linear`
     elsewhere."""
     if _onednn(weight):
         operand = weight if packed is None else packed
@@ -173,10 +172,10 @@ class OneDnnLinear(torch.nn.Linear):
 
 class WidenedLinear(torch.nn.Module):
     """`y = x @ weight.T + bias` in float32 over bfloat16 weights, each widened exactly as it is read: half the bytes
-    of float32 weights, and every row's result its own (`decoding.native`'s kernel for any count of decoded rows, so
-    a check of drafts gives each row a one-token step's bits). Greedy decoding screens it like a float32 head
-    (`decoding.screened_head`): its argmax is then this product's. Products of many rows (an encoder output, a
-    prompt) take oneDNN's bfloat16 product instead, as an int8 linear does. Needs `decoding.native`."""
+    of float32 weights, and every row's result its own (`native`'s kernel for any count of decoded rows, so a check
+    of drafts gives each row a one-token step's bits). Greedy decoding screens it like a float32 head
+    (`screened_head`): its argmax is then this product's. Products of many rows (an encoder output, a prompt) take
+    oneDNN's bfloat16 product instead, as an int8 linear does. Needs `native`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -253,7 +252,7 @@ class Attention:
     of an int8 draft's step), so a bfloat16 or int8 decoder keeps its keys and values in float32 and multiplies
     them there, rounding only the result back; except where `exact_rows` asks that each query row get the bits
     it would get alone (the int8 model, whose check of drafts must give a one-token step's logits): float32
-    products over several rows sum in another order than over one, bfloat16's do not. Where `decoding.native` is
+    products over several rows sum in another order than over one, bfloat16's do not. Where `decoding.kernels.native` is
     built (and not `onednn_only()`), cross-attention keys and values are kept in float32 in their own layout and
     a few query rows attend over them through its kernels, which stream each once and compute each row on its own
     (so the int8 model takes them for every pass). On other devices it is SDPA in the model's precision.

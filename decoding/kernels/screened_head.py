@@ -5,10 +5,10 @@ on a CPU, where a step is memory traffic, that is about 40 % of it. Greedy decod
 largest logit. So every logit is computed through a low-precision copy of the head, each with a proven bound on
 its error, and every logit that could still be the largest is computed again in float32 from the float32 rows:
 the argmax is float32's. Logits of the ids a caller names (`exact_ids`) are float32 too, whatever their values.
-A head of bfloat16 weights multiplied in float32 (`decoding.kernels.WidenedLinear`, the int8 model's) is screened
-the same way, its widened weights standing for the float32 rows.
+A head of bfloat16 weights multiplied in float32 (`products.WidenedLinear`, the int8 model's) is screened the
+same way, its widened weights standing for the float32 rows.
 
-Up to three rows (a step, a check of one or two drafts) go through `decoding.native` where it is built, over an
+Up to three rows (a step, a check of one or two drafts) go through `native`'s kernels where they are built, over an
 int8 copy with one scale per row (a quarter of the bytes): float32 h times the int8 row widened
 exactly, summed in float32, times the row's scale. For a head row w, its int8 form w8 = scale * q and `a` the
 result as computed,
@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from decoding import native
-from decoding.kernels import WidenedLinear, linear, native_rows_allowed, screening_allowed
+from decoding.kernels import native
+from decoding.kernels.products import WidenedLinear, linear, native_rows_allowed, screening_allowed
 
 # bfloat16 keeps 8 significant bits: rounding a value moves it by at most 2^-8 of its size (the extra 2^-7 of that
 # bounds it by the rounded value's size instead of the exact one's).
@@ -91,7 +91,7 @@ class HeadScreen:
     @functools.cached_property
     def product(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """oneDNN's product over a packed copy of `low`, made when first needed (several rows, or no
-        `decoding.native`): over that layout its products stream the weights fastest (docs/precision.md)."""
+        `decoding.kernels.native`): over that layout its products stream the weights fastest (docs/precision.md)."""
         return linear(self.low, None, torch.ops.mkldnn._reorder_linear_weight(self.low))
 
     def head(self, exact_ids: Sequence[int]) -> "ScreenedHead":

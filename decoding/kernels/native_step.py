@@ -1,4 +1,4 @@
-"""A decoder's step of a few tokens in one native call (`decoding.native`'s `decoder_step`).
+"""A decoder's step of a few tokens in one native call (`decoding.kernels.native`'s `decoder_step`).
 
 A decoder step runs some fifty small operations, and on a CPU each costs more in dispatch than in arithmetic:
 base-draft:int8's pass took 1.4 ms in decoding against well under a millisecond of reading its weights, and base's
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from asr.models.int8 import Int8Linear
-from decoding import native
-from decoding.kernels import MANY_ROWS, native_rows_allowed
+from decoding.kernels import native
+from decoding.kernels.int8 import Int8Linear
+from decoding.kernels.products import MANY_ROWS, native_rows_allowed
 from decoding.kv_cache import StaticKVCache
 
 

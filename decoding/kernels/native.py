@@ -12,7 +12,7 @@ The C file is compiled once per machine with the system's C compiler (`$CC`, els
 `-O3 -march=native -fopenmp`) into the cache folder (`$ASSISTED_WHISPER_CACHE`, else
 `$XDG_CACHE_HOME/assisted-whisper`, else `~/.cache/assisted-whisper`), under a name that hashes the source, the
 compiler and the CPU's flags. Without a compiler `library()` is None and the callers keep oneDNN (logged);
-`decoding.kernels.onednn_only()` (or `ASSISTED_WHISPER_KERNELS=onednn`) keeps oneDNN without building anything.
+`decoding.kernels.products.onednn_only()` keeps oneDNN without building anything.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
 VERSION = 6
-# Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.linear`);
+# Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.products.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
 MAX_ROWS = 4
 

@@ -1,0 +1,13 @@
+"""The speed machinery under a Whisper decoder's steps; the generic engine (`decoding.engine` and the modules
+beside it) runs without any of it.
+
+- `products`: the CPU products and attention (oneDNN, `WidenedLinear`, `Attention`) and the switches that turn
+  them off for comparisons (`reference_kernels`, `onednn_only`, `full_head`).
+- `native`: row-by-row products and attention in C (`csrc/rowdot.c`), compiled on this machine at first use.
+- `int8`: the weight-only int8 layer (`Int8Linear`) of the `--dtype int8` model and the int8 drafts.
+- `screened_head`: a float32 head's greedy argmax screened through bfloat16 or int8.
+- `native_step`: a decoder step of a few tokens as one native call.
+- `graphed_step`: a decoder's steps on a GPU as replayed CUDA graphs.
+
+The Whisper adapter (`asr.whisper.decoder`) reaches them; nothing here imports `asr`.
+"""
