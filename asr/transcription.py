@@ -64,7 +64,7 @@ Progress = Callable[[float, float], None]
 
 @dataclass(frozen=True)
 class DecodedWindow:
-    """One window as the model decoded it: what `window_observer` receives (to train a draft on, say)."""
+    """One window as the model decoded it: what `window_observer` receives (to train a draft model on, say)."""
 
     audio_index: int  # which of the audios given to `transcribe_many`
     encoder_output: torch.Tensor  # [1500, d_model] the model's encoder output

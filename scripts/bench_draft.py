@@ -1,4 +1,4 @@
-"""How well and how cheaply a distilled draft drafts for `base`: agreement, acceptance and step costs.
+"""How well and how cheaply a draft model drafts for `base`: agreement, acceptance and step costs.
 
     python scripts/bench_draft.py [--drafts base-draft] [--threads 2] [--out docs/figures/draft]
 
@@ -32,7 +32,7 @@ from benchlib import (
 )
 
 from asr.assist.choose import draft_folder, make_assistant
-from asr.assist.draft import load_draft
+from asr.assist.draft_model import load_draft
 from asr.distill.data import window_from_decoded
 from asr.distill.train import agreement
 from asr.transcription import transcribe, transcribe_many
@@ -106,7 +106,7 @@ def main() -> None:
     for name in args.drafts.split(","):
         folder = draft_folder(name)
         if folder is None:
-            raise SystemExit(f"{name}: not a draft name or folder")
+            raise SystemExit(f"{name}: not a draft model name or folder")
         draft = load_draft(folder, bundle.model)
         modules[name] = draft
         per_subset = {s: agreement(draft, w, eot=special.eot, suppress=special.suppress_tokens)

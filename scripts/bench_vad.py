@@ -10,9 +10,8 @@ a warm-up of each on the first 30 s; the table gives medians over repeats, WER w
 and the speed-up against sequential greedy on the same recording. Silero VAD's own cost is measured apart for
 its three backends on the same audio.
 
-Writes docs/figures/vad.json, docs/figures/vad.md (all three tables) and docs/figures/vad-summary.md (the
-summary alone, for the README) (`--out` to change; `--render` rewrites the .md files from OUT.json), after
-each recording, so a run killed midway keeps what it finished.
+Writes docs/figures/vad.json and docs/figures/vad.md (all three tables; `--out` to change; `--render` rewrites
+the .md file from OUT.json), after each recording, so a run killed midway keeps what it finished.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import functools
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from benchlib import (
@@ -31,15 +29,13 @@ from benchlib import (
     VOXPOPULI,
     command_line,
     figure_path,
-    figure_stem,
     load,
     longform_rows,
-    markdown_page,
-    read_figures,
     rewrite_markdown,
     use_threads,
     write_figures,
 )
+from eval.ctranslate2_backend import INSTALL_HINT
 
 
 def recordings() -> dict[str, tuple[np.ndarray, str]]:
@@ -160,7 +156,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.render:
         rewrite_markdown(args.out, render)
-        write_summary(args.out)
         return
 
 
@@ -188,7 +183,7 @@ def main() -> None:
         configs += [FasterWhisperBatched(f"faster-whisper batched {n} fp32", "float32", n, args.threads),
                     FasterWhisperBatched(f"faster-whisper batched {n} int8", "int8", n, args.threads)]
     except ImportError:
-        print("faster-whisper is not installed (pip install -e '.[baselines]'): its rows are left out", file=sys.stderr)
+        print(f"faster-whisper is not installed ({INSTALL_HINT}): its rows are left out", file=sys.stderr)
     if args.configs:
         wanted = args.configs.split(",")
         configs = [c for c in configs if c.name in wanted]
@@ -235,7 +230,6 @@ def write(args, runs: list[dict], vad_rows: list[dict], names: list[str], audios
             "runs": [{k: v for k, v in r.items() if k != "text"} for r in runs], "vad": vad_rows}
     table = render(data)
     write_figures(args.out, data, table, command_line())
-    write_summary(args.out)
     print(table, file=sys.stderr)
 
 
@@ -259,7 +253,7 @@ def render(data: dict) -> str:
 
 
 def summary_table(data: dict) -> str:
-    """The short summary that the README quotes (also written apart, as OUT-summary.md)."""
+    """The short summary table (the first of OUT.md's tables)."""
     rows = data["summary"]
     recordings = list(dict.fromkeys(r["recording"] for r in rows))
     lines = ["Summary: speed-up against sequential greedy on the same recording (WER in brackets).", "",
@@ -270,14 +264,3 @@ def summary_table(data: dict) -> str:
                       if r["config"] == name and r["recording"] == recording) for recording in recordings]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def write_summary(out: str) -> None:
-    """OUT-summary.md: the summary table alone under the run's command and machine (from OUT.json)."""
-    data = read_figures(out)
-    page = markdown_page(data["command"], data["machine"], summary_table(data))
-    Path(f"{figure_stem(out)}-summary.md").write_text(page)
-
-
-if __name__ == "__main__":
-    main()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asr.assist.draft import DraftDecoder, load_draft
+from asr.assist.draft_model import DraftDecoder, load_draft
 from asr.cli import main
 from tests.conftest import SAMPLES
 from tests.test_ct2 import tiny_whisper
@@ -56,8 +56,10 @@ def test_a_distilled_draft_gives_the_models_words(tiny_whisper_folder: Path, dis
     plain = CliRunner().invoke(main, args)
     assisted = CliRunner().invoke(main, [*args, "--assistant", str(distilled)])
     assert plain.exit_code == 0 and assisted.exit_code == 0, assisted.output
-    plain_rows = [json.loads(line) for line in plain.output.splitlines()]
-    assisted_rows = [json.loads(line) for line in assisted.output.splitlines()]
+    # Each file's JSON after its `==> NAME <==` line.
+    plain_rows = [json.loads(line) for line in plain.stdout.splitlines() if not line.startswith("==> ")]
+    assisted_rows = [json.loads(line) for line in assisted.stdout.splitlines() if not line.startswith("==> ")]
+    assert len(plain_rows) == len(assisted_rows) == len(sorted(SAMPLES.glob("*.flac")))
     assert [[s["tokens"] for s in r["segments"]] for r in assisted_rows] == \
         [[s["tokens"] for s in r["segments"]] for r in plain_rows]
     assert sum(r["stats"]["drafted_tokens"] for r in assisted_rows) > 0
@@ -80,7 +82,7 @@ def test_a_draft_with_all_the_models_layers_is_the_model(tiny_whisper_folder: Pa
 
 
 def test_a_restricted_draft_proposes_only_its_tokens(tiny_whisper_folder: Path) -> None:
-    from asr.assist.draft import choose_vocabulary
+    from asr.assist.draft_model import choose_vocabulary
     from asr.models.registry import load_model
 
     model = load_model(str(tiny_whisper_folder)).model
@@ -204,7 +206,7 @@ def test_a_draft_drafts_measured_constant_rounds_unless_told_otherwise(tiny_whis
                                                                        tmp_path: Path) -> None:
     from asr.assist.choose import make_assistant
     from asr.assist.rounds import MAX_ROUND
-    from asr.assist.draft import save_draft
+    from asr.assist.draft_model import save_draft
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
 

@@ -332,7 +332,7 @@ def test_batch_and_eval_commands_take_the_offload_options(terse_folder: Path, no
 
 def test_a_trained_draft_drafts_for_the_offloaded_model(tiny_whisper_folder: Path, in_memory, noise: np.ndarray,
                                                         tmp_path: Path) -> None:
-    from asr.assist.draft import DraftDecoder, save_draft
+    from asr.assist.draft_model import DraftDecoder, save_draft
 
     draft = DraftDecoder(in_memory.model, [1])
     draft.restrict_vocabulary(torch.arange(0, 50000, 7))

@@ -36,7 +36,7 @@ def test_only_rounds_whose_check_was_measured_are_chosen() -> None:
 def test_a_pair_is_measured_once_and_logged(tiny_whisper_folder: Path, tmp_path: Path, monkeypatch, caplog) -> None:
     from asr.assist import rounds
     from asr.assist.choose import make_assistant
-    from asr.assist.draft import DraftDecoder, save_draft
+    from asr.assist.draft_model import DraftDecoder, save_draft
     from asr.models.registry import load_model
 
     bundle = load_model(str(tiny_whisper_folder))

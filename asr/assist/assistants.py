@@ -27,7 +27,7 @@ from decoding.universal import CrossTokenizerDraft
 # Precisions of a drafting copy of a decoder: `self:int8`, `tiny.en:bf16`, ...
 PRECISIONS = ("bf16", "int8", "fp16", "fp32")
 # An int8 drafting copy whose layers hold at most this many bytes of int8 weights (base's whole decoder, 25 MB;
-# a distilled draft, a few) also keeps them in bfloat16 for its prompt pass and encoder-output products.
+# a draft model, a few) also keeps them in bfloat16 for its prompt pass and encoder-output products.
 KEEP_DEQUANTIZED_BYTES = 32 * 2 ** 20
 
 
@@ -154,7 +154,7 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
             quantize_linears(layer_copy.float(), dtype)
         decoder.layers.append(layer_copy.to(dtype))
     head = model.get_output_embeddings()
-    if not isinstance(head, (torch.nn.Linear, WidenedLinear)):  # a draft's own (a vocabulary subset): copied whole
+    if not isinstance(head, (torch.nn.Linear, WidenedLinear)):  # a draft model's own (a vocabulary subset): copied whole
         head_copy = copy.deepcopy(head)
         head_copy = quantize_linears(head_copy.float(), dtype).to(dtype) if precision == "int8" else head_copy.to(dtype)
     elif precision == "int8":

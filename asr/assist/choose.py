@@ -1,7 +1,7 @@
-"""Which assistant drafts for a model: `--assistant` resolved (none, auto, self:PRECISION, a shipped draft, a
+"""Which assistant drafts for a model: `--assistant` resolved (none, auto, self:PRECISION, a shipped draft model, a
 model name, hub id or folder), and the rules `auto` follows.
 
-A distilled draft (`base-draft`, any `asr distill` folder) drafts constant rounds whose length is chosen when it is
+A draft model (`base-draft`, any `asr distill` folder) drafts constant rounds whose length is chosen when it is
 paired with its model, from the two models' step costs measured then (`asr.assist.rounds.measured_schedule`: the
 model's pass over 1 to 6 tokens and the draft's step, timed once per pair and logged at INFO, and the round with
 the most expected tokens a second at the draft's usual acceptance); an offloaded model's draft drafts
@@ -52,7 +52,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
     """Resolves `--assistant`: none, auto, self[:PRECISION], or a registry name, hub id or local folder with an
     optional `:PRECISION` (`tiny.en:int8`: the assistant drafts with a lower-precision copy of its decoder).
 
-    `batched`: windows will be decoded several at a time (`--batch-size`); `auto` then takes no shipped draft,
+    `batched`: windows will be decoded several at a time (`--batch-size`); `auto` then takes no shipped draft model,
     which made batches slower (docs/drafts.md).
 
     Returns:
@@ -92,7 +92,7 @@ def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: 
         return SharedEncoderAssistant(spec, module.eval(), input_dtype)
     folder = draft_folder(name)
     if folder is not None:
-        from asr.assist.draft import load_draft
+        from asr.assist.draft_model import load_draft
 
         draft = load_draft(folder, model_bundle.model)
         assistant = _in_precision(SharedEncoderAssistant(spec, draft), precision, spec)
@@ -121,7 +121,7 @@ DRAFTS_DIR = Path(__file__).resolve().parent / "drafts"
 
 def shipped_drafts() -> dict[str, Path]:
     """Names of the drafts shipped with the package, and their folders."""
-    from asr.assist.draft import is_draft_folder
+    from asr.assist.draft_model import is_draft_folder
 
     if not DRAFTS_DIR.is_dir():
         return {}
@@ -129,7 +129,7 @@ def shipped_drafts() -> dict[str, Path]:
 
 
 def shipped_draft_for(model: torch.nn.Module) -> str | None:
-    """The int8 copy of a shipped draft trained for `model` (`base-draft:int8` for `base`), or None.
+    """The int8 copy of a shipped draft model trained for `model` (`base-draft:int8` for `base`), or None.
 
     `auto` drafts with it on a CPU where no distil-whisper student exists, in constant rounds of the length
     measured best for the pair (`asr.assist.rounds`). Over oneDNN's steps, in constant rounds of 3, it was faster
@@ -137,7 +137,7 @@ def shipped_draft_for(model: torch.nn.Module) -> str | None:
     `decoding.kernels.native`'s, in rounds of 1 and with its own int8 products native, 1.11x and 1.03x (decoder 1.16x
     and 1.15x).
     """
-    from asr.assist.draft import check_draft
+    from asr.assist.draft_model import check_draft
 
     for name, folder in shipped_drafts().items():
         try:
@@ -149,8 +149,8 @@ def shipped_draft_for(model: torch.nn.Module) -> str | None:
 
 
 def draft_folder(name: str) -> Path | None:
-    """The folder of a draft named `name` (shipped) or at path `name` (written by `asr distill`), else None."""
-    from asr.assist.draft import is_draft_folder
+    """The folder of a draft model named `name` (shipped) or at path `name` (written by `asr distill`), else None."""
+    from asr.assist.draft_model import is_draft_folder
 
     shipped = shipped_drafts().get(name)
     if shipped is not None:
@@ -198,7 +198,7 @@ def auto_assistant(device_type: str, source: str) -> str:
     A distil-whisper student that shares the model's encoder where one exists: on a GPU, where a large
     model's step costs many times a 2-layer student's; on a CPU only where the student's step is a small
     fraction of the model's (`CPU_STUDENTS`). Otherwise none here; on a CPU `make_assistant` then drafts with
-    a shipped draft trained for the model if there is one (`shipped_draft_for`: `base-draft:int8` for `base`).
+    a shipped draft model trained for the model if there is one (`shipped_draft_for`: `base-draft:int8` for `base`).
     On a GPU nothing pays for a model as small as `base` (a step is bound by kernel launches:
     docs/benchmarks.md, "`base` on a GPU").
     """

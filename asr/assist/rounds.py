@@ -1,4 +1,4 @@
-"""How many tokens a distilled draft proposes a round, chosen from step costs measured on this machine.
+"""How many tokens a draft model proposes a round, chosen from step costs measured on this machine.
 
 A round of k drafts costs k draft steps and one model pass over k + 1 tokens (the check), and yields the agreeing
 prefix plus the model's own next token: (1 - a^(k+1)) / (1 - a) tokens on average for a per-token acceptance a
@@ -10,7 +10,7 @@ the cost model of docs/design.md with the check's measured cost in place of a on
 step(k + 1) = step(1) and draft(1) = c * step(1) it is that formula). Whether a check of a few tokens costs about
 a step (oneDNN's products, a GPU) or noticeably more (the row-by-row native kernels, whose time grows with the
 rows) is what moves the best k between 3 and 1, so rather than guessing it from the kernels in use
-`measured_schedule` times the pair when a draft is paired with its model: after a warm-up, the fastest of
+`measured_schedule` times the pair when a draft model is paired with its model: after a warm-up, the fastest of
 `REPEATS` interleaved passes of the model (screened head, as greedy decoding runs it) over 1 to `MAX_ROUND` + 1
 tokens and of the draft over one token, over a window of noise after `CONTEXT` tokens (the speed does not depend
 on what the audio says): some 40 passes, about half a second for `base` on a 2-core CPU. The fastest, not the
@@ -37,7 +37,7 @@ from asr.whisper.logit_rules import screen_exact_ids, whisper_filters
 
 logger = logging.getLogger(__name__)
 
-# Per-token acceptance of a distilled draft in real decoding: `base-draft:int8` kept 66 % and 73 % of its drafts in
+# Per-token acceptance of a draft model in real decoding: `base-draft:int8` kept 66 % and 73 % of its drafts in
 # rounds of one on long-form and on the 65 English recordings (docs/drafts.md).
 DRAFT_ACCEPTANCE = 0.7
 # The longest constant round considered.
@@ -140,7 +140,7 @@ _CHOSEN: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]"
 
 def measured_schedule(model_bundle: Any, draft_model: torch.nn.Module,
                       draft_dtype: torch.dtype | None = None) -> tuple[str, int]:
-    """The schedule a distilled draft drafts with for `model_bundle`'s model: `best_rounds` over the costs measured
+    """The schedule a draft model drafts with for `model_bundle`'s model: `best_rounds` over the costs measured
     for the pair (`measure_costs`), once per (model, draft)."""
     model = model_bundle.model
     chosen = _CHOSEN.setdefault(model, weakref.WeakKeyDictionary()).get(draft_model)

@@ -47,7 +47,7 @@ PROGRESS_MIN_SECONDS = 30.0
               help="Temperatures tried in turn when a window fails the fallback checks.")
 @click.option("--no-condition-on-previous-text", is_flag=True, help="Decode each window without the previous text.")
 @click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
-              help="How many tokens the assistant drafts per round [default: heuristic; a distilled draft "
+              help="How many tokens the assistant drafts per round [default: heuristic; a draft model "
                    "constant, its k chosen from the measured step costs; constant 10 when auto drafts for an "
                    "offloaded model].")
 @click.option("--num-assistant-tokens", default=None, type=int,

@@ -1,4 +1,4 @@
-"""Training windows for a draft: audio, pseudo-labelled by the model's own greedy decoding, cached on disk.
+"""Training windows for a draft model: audio, pseudo-labelled by the model's own greedy decoding, cached on disk.
 
 The draft has to predict what the model will say, window by window, as the model sees each window in real
 use: long files go through the sequential algorithm (previous text as prompt, timestamp tokens, seeking), and
@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import torch

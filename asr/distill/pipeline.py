@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DistillOptions:
-    """What to train a draft on, and how."""
+    """What to train a draft model on, and how."""
 
     # Audio: a folder, manifest or dataset of the user's recordings (pseudo-labelled by the model), and/or
     # synthesised speech (`tts`) reading `text` (a file, one sentence a line; None: the built-in corpus).
@@ -77,7 +77,7 @@ class DistillOptions:
 
 def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir: str | Path | None = None,
             device: str = "cpu", show_progress: bool = True) -> dict[str, Any]:
-    """Trains a draft for `model` and writes it to `output` (a new folder), usable as `--assistant output`.
+    """Trains a draft model for `model` and writes it to `output` (a new folder), usable as `--assistant output`.
 
     Args:
         model: a model name, hub id or folder, as `asr transcribe --model` takes.
@@ -90,7 +90,7 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
         ValueError: the output exists, the model cannot be loaded, no synthesiser for `tts`, a source with no
             usable audio, or a work folder made by a different recipe.
     """
-    from asr.assist.draft import DraftDecoder, save_draft
+    from asr.assist.draft_model import DraftDecoder, save_draft
     from asr.distill.data import built_in_text, read_text
     from asr.distill.tts import available_voices
     from asr.models.registry import load_model
@@ -137,7 +137,7 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
 
     # 4. A restricted vocabulary, chosen from the training labels; agreement measured again with it.
     if options.vocabulary is not None:
-        from asr.assist.draft import choose_vocabulary
+        from asr.assist.draft_model import choose_vocabulary
         from asr.distill.train import agreement
 
         ids = choose_vocabulary(_label_counts(train), options.vocabulary, special.eot, bundle.model.config.vocab_size)
@@ -211,7 +211,7 @@ def _label(bundle: WhisperBundle, work: Path, options: DistillOptions, sentences
     from asr.options import TranscribeOptions
     from audio import load_audio
 
-    # Greedy only: a draft is trained to agree with greedy decoding, and sampled fallbacks would be dropped.
+    # Greedy only: a draft model is trained to agree with greedy decoding, and sampled fallbacks would be dropped.
     counts: dict[str, Any] = {}
     label = dict(top_k=options.top_k, held_out_fraction=options.held_out, batch_size=options.label_batch_size)
     if options.tts:

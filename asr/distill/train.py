@@ -1,4 +1,4 @@
-"""Training a draft to agree with its model: knowledge distillation on cached windows.
+"""Training a draft model to agree with its model: knowledge distillation on cached windows.
 
 The loss at every generated position is the cross-entropy to the model's greedy token (what the draft must
 propose to be accepted) plus the cross-entropy to the model's distribution over its top-k tokens (Hinton et
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from asr.assist.draft import DraftDecoder
+from asr.assist.draft_model import DraftDecoder
 from asr.distill.data import Window, load_window
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def checkpoint_path(work: Path, draft: DraftDecoder) -> Path:
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """How long and how a draft trains."""
+    """How long and how a draft model trains."""
 
     # Optimiser steps, and a wall-clock budget in minutes that ends training early (None: no budget).
     steps: int = 3000

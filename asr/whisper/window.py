@@ -186,7 +186,7 @@ def decode_windows(
 
 def _greedy_head(decoder: WhisperDecoderAdapter, filters: list[list[LogitsFilter]], temperature: float,
                  special: SpecialTokens) -> WhisperDecoderAdapter:
-    """At temperature 0, the decoder with its float32 head screened (`decoding.screened_head`: float32's argmax
+    """At temperature 0, the decoder with its float32 head screened (`decoding.kernels.screened_head`: float32's argmax
     for less of the head's memory traffic); sampling reads every probability, so it keeps the full head."""
     if temperature > 0:
         return decoder

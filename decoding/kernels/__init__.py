@@ -1,5 +1,5 @@
-"""The speed machinery under a Whisper decoder's steps; the generic engine (`decoding.engine` and the modules
-beside it) runs without any of it.
+"""The speed machinery under a decoder's steps; the generic engine (`decoding.engine`, drafts, schedules, beam
+search, caches) reads and runs without it: only the adapters reach it.
 
 - `products`: the CPU products and attention (oneDNN, `WidenedLinear`, `Attention`) and the switches that turn
   them off for comparisons (`reference_kernels`, `onednn_only`, `full_head`).
@@ -9,5 +9,6 @@ beside it) runs without any of it.
 - `native_step`: a decoder step of a few tokens as one native call.
 - `graphed_step`: a decoder's steps on a GPU as replayed CUDA graphs.
 
-The Whisper adapter (`asr.whisper.decoder`) reaches them; nothing here imports `asr`.
+The Whisper adapter (`asr.whisper.decoder`) and the text models' direct passes (`decoding.causal_lm`) use them;
+nothing here imports `asr`.
 """

@@ -1,4 +1,4 @@
-"""A distilled draft: a few decoder layers that read their model's encoder output and share its embeddings.
+"""A draft model: a few decoder layers that read their model's encoder output and share its embeddings.
 
 A draft only has to agree with its model, not to transcribe well, so it keeps a couple of the model's own
 decoder layers (distil-whisper starts its students from the first and last layers) and borrows everything
@@ -135,7 +135,7 @@ def _own_copy(layer: torch.nn.Module) -> torch.nn.Module:
     from asr.models.offload import materialized
 
     with materialized(layer):
-        # An int8 model's layers (`--dtype int8`) give a draft plain bfloat16 layers to load its weights into.
+        # An int8 model's layers (`--dtype int8`) give a draft model plain bfloat16 layers to load its weights into.
         return dequantize_linears(remove_hook_from_module(copy.deepcopy(layer)))
 
 
