@@ -13,7 +13,7 @@ import copy
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -23,6 +23,9 @@ from asr.whisper.logit_rules import whisper_filters
 from asr.whisper.window import WindowContext, encode
 from decoding import AssistantDraft, DraftSource
 from decoding.universal import CrossTokenizerDraft
+
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
 
 # Precisions of a drafting copy of a decoder: `self:int8`, `tiny.en:bf16`, ...
 PRECISIONS = ("bf16", "int8", "fp16", "fp32")
@@ -61,7 +64,7 @@ class FullAssistant:
 
     schedule: tuple[str, int] | None = None  # as SharedEncoderAssistant's
 
-    def __init__(self, name: str, bundle: Any, model_bundle: Any) -> None:
+    def __init__(self, name: str, bundle: WhisperBundle, model_bundle: WhisperBundle) -> None:
         self.name = name
         self.bundle = bundle
         # What drafts: the assistant's own decoder, or a lower-precision copy of it (`NAME:int8`, make_assistant).
@@ -190,7 +193,7 @@ class DecoderCopy(torch.nn.Module):
         return self.proj_out
 
 
-def load_decoder_assistant(name: str, model_bundle: Any, *, device: str, dtype: torch.dtype) -> SharedEncoderAssistant:
+def load_decoder_assistant(name: str, model_bundle: WhisperBundle, *, device: str, dtype: torch.dtype) -> SharedEncoderAssistant:
     """A distil-whisper style `WhisperForCausalLM` checkpoint (hub id or local folder) reading the model's encoder.
 
     Raises:
@@ -206,7 +209,7 @@ def load_decoder_assistant(name: str, model_bundle: Any, *, device: str, dtype: 
     return SharedEncoderAssistant(name, decoder.to(device).eval())
 
 
-def check_pair(model_bundle: Any, assistant_config: Any, name: str) -> None:
+def check_pair(model_bundle: WhisperBundle, assistant_config: Any, name: str) -> None:
     """Refuses a decoder that cannot read the model's encoder output or shares no vocabulary with it."""
     model_config = model_bundle.model.config
     if assistant_config.d_model != model_config.d_model:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,10 +30,13 @@ from asr.assist.rounds import measured_schedule
 from asr.models.offload import OffloadOptions, offload_store
 from asr.models.precision import Precision, compute_dtype
 
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
+
 logger = logging.getLogger(__name__)
 
 def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype: Precision = torch.float32,
-              offload: OffloadOptions | None = None, batched: bool = False) -> tuple[Any, Any]:
+              offload: OffloadOptions | None = None, batched: bool = False) -> tuple[WhisperBundle, Any]:
     """Loads the model (offloading its decoder layers if asked: `asr.models.offload`) and resolves `assistant`
     for it (`make_assistant`).
 
@@ -47,7 +50,7 @@ def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype
     return bundle, make_assistant(assistant, bundle, device=device, dtype=dtype, batched=batched)
 
 
-def make_assistant(spec: str, model_bundle: Any, *, device: str = "cpu", dtype: Precision = torch.float32,
+def make_assistant(spec: str, model_bundle: WhisperBundle, *, device: str = "cpu", dtype: Precision = torch.float32,
                    batched: bool = False):
     """Resolves `--assistant`: none, auto, self[:PRECISION], or a registry name, hub id or local folder with an
     optional `:PRECISION` (`tiny.en:int8`: the assistant drafts with a lower-precision copy of its decoder).
@@ -232,7 +235,7 @@ def offload_assistants(source: str, device_type: str) -> list[str]:
     return candidates
 
 
-def _auto_for_offloaded(model_bundle: Any, *, device: str, dtype: torch.dtype) -> SharedEncoderAssistant | None:
+def _auto_for_offloaded(model_bundle: WhisperBundle, *, device: str, dtype: torch.dtype) -> SharedEncoderAssistant | None:
     """`--assistant auto` for an offloaded model: the first resident assistant of `offload_assistants` that
     loads and shares the model's encoder, drafting OFFLOAD_SCHEDULE; None when there is none."""
     device_type = next(model_bundle.model.parameters()).device.type

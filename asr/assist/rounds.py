@@ -28,12 +28,15 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from asr.whisper.decoder import WhisperDecoderAdapter
 from asr.whisper.logit_rules import screen_exact_ids, whisper_filters
+
+if TYPE_CHECKING:
+    from asr.models.registry import WhisperBundle
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ def best_rounds(costs: StepCosts, acceptance: float = DRAFT_ACCEPTANCE) -> tuple
 
 
 @torch.inference_mode()
-def measure_costs(model_bundle: Any, draft_model: torch.nn.Module, draft_dtype: torch.dtype | None = None,
+def measure_costs(model_bundle: WhisperBundle, draft_model: torch.nn.Module, draft_dtype: torch.dtype | None = None,
                   max_round: int = MAX_ROUND) -> StepCosts:
     """Times `model_bundle`'s decoder (its head screened as greedy decoding screens it) over 1 to `max_round` + 1
     new tokens and `draft_model` (read as a drafting copy, over the encoder output in `draft_dtype`) over one."""
@@ -138,7 +141,7 @@ def _passes(decoder: WhisperDecoderAdapter, context: torch.Tensor, widths: Itera
 _CHOSEN: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 
 
-def measured_schedule(model_bundle: Any, draft_model: torch.nn.Module,
+def measured_schedule(model_bundle: WhisperBundle, draft_model: torch.nn.Module,
                       draft_dtype: torch.dtype | None = None) -> tuple[str, int]:
     """The schedule a draft model drafts with for `model_bundle`'s model: `best_rounds` over the costs measured
     for the pair (`measure_costs`), once per (model, draft)."""

@@ -43,8 +43,8 @@ def generate(model, assistant, prompt, max_new_tokens, temperature, top_k, top_p
         if assistant is not None and prompt_lookup:
             raise ValueError("choose either --assistant or --prompt-lookup, not both")
         text_model = load_text_model(model, device=device, dtype=torch_dtype)
-        helper = load_text_model(assistant, device=device, dtype=torch_dtype) if assistant else None
-        result, text = generate_text(text_model, prompt, options, helper, prompt_lookup)
+        assistant_model = load_text_model(assistant, device=device, dtype=torch_dtype) if assistant else None
+        result, text = generate_text(text_model, prompt, options, assistant_model, prompt_lookup)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     if as_json:
