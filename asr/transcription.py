@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from asr.hallucination import skip_hallucinations
 from asr.models.precision import pack_for_rows
 from asr.options import TranscribeOptions, check_for_model, prompt_room, prompt_texts, seek_clips
 from asr.results import Segment, Transcript, TranscriptionStats
@@ -482,8 +483,6 @@ class WindowDecoder:
                                 audio.seek * HOP_LENGTH / SAMPLE_RATE, audio.window_language or audio.language)
             audio.stats.decode_seconds += time.perf_counter() - t
             if options.hallucination_silence_threshold is not None:
-                from asr.hallucination import skip_hallucinations
-
                 segments, advance = skip_hallucinations(audio, result, segments, advance, special.timestamp_begin)
         audio.consume(segments, advance, result.temperature)
 
