@@ -228,6 +228,8 @@ class Transcriber:
     def _sequential_segments(self, transcription: Transcription, samples: np.ndarray, name: str | None,
                              progress: Progress | None) -> Generator[Segment, None, Transcript]:
         audio = self._audio_progress(0, samples, name)
+        if progress is not None:  # a bar at once, before the first window's encoder pass
+            progress(0.0, audio.stats.audio_seconds)
         for _ in _decode_in_batches(self.decoder, [audio], 1):
             transcription.language, transcription.language_probs = audio.language, audio.language_probs
             if progress is not None:
@@ -255,6 +257,8 @@ class Transcriber:
             done = max(done, chunk.chunk.end / SAMPLE_RATE)
 
         chunks = self._chunks(recordings)
+        if progress is not None and len(recordings) == 1:
+            progress(0.0, len(audios[0]) / SAMPLE_RATE)
         for _ in _decode_in_batches(self.decoder, chunks, self.options.batch_size, on_finished=finished):
             if progress is not None and len(recordings) == 1:
                 progress(done, len(audios[0]) / SAMPLE_RATE)

@@ -110,7 +110,8 @@ def test_two_windows_and_a_progress_report(model) -> None:
     seen: list[tuple[float, float]] = []
     result = transcribe(model, synthetic(3), GREEDY, progress=lambda done, total: seen.append((done, total)))
     assert result.stats.windows == 2 and result.stats.audio_seconds == 35.0
-    assert seen[-1] == (35.0, 35.0) and len(seen) == 2 and seen[0][0] < 35.0
+    # At once (nothing done yet), then after each window.
+    assert seen[0] == (0.0, 35.0) and seen[-1] == (35.0, 35.0) and len(seen) == 3 and 0.0 < seen[1][0] < 35.0
     assert all(0.0 <= s.start <= s.end <= 35.0 for s in result.segments)
 
 
