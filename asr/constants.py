@@ -7,3 +7,5 @@ TEXT_DTYPES = DTYPES[:-1]
 OFFLOADS = ("none", "cpu", "disk")
 TASKS = ("transcribe", "translate")
 OUTPUT_FORMATS = ("txt", "srt", "vtt", "tsv", "json")
+# openai-whisper's fallback temperatures: a window that fails the checks is decoded again at the next one.
+TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from asr.constants import TASKS
-from audio.constants import FRAMES_PER_SECOND
+from asr.constants import TASKS, TEMPERATURES
+from audio.constants import CHUNK_LENGTH, FRAMES_PER_SECOND
 from audio.vad import VadOptions
 from decoding.schedule import make_schedule
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 DEFAULT_SCHEDULE = ("heuristic", 5)
 # The VAD rules of the batched mode when none are given: short pauses end a region so that chunks can be cut
 # there, and no region is longer than a window (faster-whisper's `BatchedInferencePipeline` defaults).
-BATCHED_VAD = VadOptions(min_silence_duration_ms=160, max_speech_duration_s=30.0)
+BATCHED_VAD = VadOptions(min_silence_duration_ms=160, max_speech_duration_s=float(CHUNK_LENGTH))
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class TranscribeOptions:
     initial_prompt: str | None = None
     condition_on_previous_text: bool = True
     # Temperature fallback: retry a window at the next temperature when a check below fails.
-    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    temperatures: tuple[float, ...] = TEMPERATURES
     # Too repetitive (gzip ratio above this), too unsure (mean log-probability below this), or silence.
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
@@ -144,7 +144,7 @@ class TranscribeOptions:
         """The VAD rules of the batched mode: the given ones with regions capped at a window, else BATCHED_VAD."""
         if self.vad is None:
             return BATCHED_VAD
-        return replace(self.vad, max_speech_duration_s=min(self.vad.max_speech_duration_s, 30.0))
+        return replace(self.vad, max_speech_duration_s=min(self.vad.max_speech_duration_s, float(CHUNK_LENGTH)))
 
 
 # openai-whisper's and faster-whisper's further options: their checks (one-line ValueErrors), their text forms

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from asr.constants import TASKS
+from asr.constants import TASKS, TEMPERATURES
 
 if TYPE_CHECKING:
     from asr.models.registry import WhisperBundle
@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
 BEAM_HELP = ("Beam search with N beams at temperature 0 (openai-whisper's algorithm; its command line defaults to "
              "5, this one to greedy). The model decodes alone: an --assistant is refused, auto decodes without one.")
-# openai-whisper's fallback temperatures.
-TEMPERATURES = "0,0.2,0.4,0.6,0.8,1.0"
 
 
 def _optional_float(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -143,7 +141,7 @@ def build_options(*, language: str | None, task: str, timestamps: bool | None, w
                   no_speech_threshold: float | None, suppress_tokens: tuple[int, ...], hotwords: str | None,
                   hallucination_silence_threshold: float | None, language_detection_segments: int,
                   language_detection_threshold: float, multilingual: bool, batch_size: int | None = None,
-                  initial_prompt: str | None = None, temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+                  initial_prompt: str | None = None, temperatures: tuple[float, ...] = TEMPERATURES,
                   condition_on_previous_text: bool = True, schedule: str | None = None,
                   num_assistant_tokens: int | None = None, vad: VadOptions | None = None,
                   clip_timestamps: tuple[float, ...] = (), carry_initial_prompt: bool = False,

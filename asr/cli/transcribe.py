@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import click
 
 from asr.cli.options import (
-    TEMPERATURES,
     assistant_to_load,
     describe_assistant,
     note_moot_options,
@@ -22,7 +21,8 @@ from asr.cli.options import (
 )
 from asr.cli.runtime import parse_offload, runtime_options, setup_runtime
 from asr.cli.transcribe_io import STDIN_NAME, check_writable, subtitle_options
-from asr.constants import OUTPUT_FORMATS
+from asr.constants import OUTPUT_FORMATS, TEMPERATURES
+from audio.constants import CHUNK_LENGTH
 from decoding.schedule import SCHEDULES
 
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from asr.transcription import Transcriber
     from asr.writers import SubtitleOptions
 
-# Files longer than this (one window) get a progress bar.
-PROGRESS_MIN_SECONDS = 30.0
+# Files longer than one window get a progress bar.
+PROGRESS_MIN_SECONDS = float(CHUNK_LENGTH)
 
 
 @click.command("transcribe")
@@ -42,7 +42,7 @@ PROGRESS_MIN_SECONDS = 30.0
 @click.option("--output-dir", "-o", default=None, type=click.Path(file_okay=False),
               help="Write DIR/<name>.<format>; without it the chosen format goes to stdout (txt: the text).")
 @click.option("--initial-prompt", default=None, help="Text that comes before the first window.")
-@click.option("--temperature", "temperatures", default=TEMPERATURES, show_default=True,
+@click.option("--temperature", "temperatures", default=",".join(f"{t:g}" for t in TEMPERATURES), show_default=True,
               callback=parse_temperatures_option,
               help="Temperatures tried in turn when a window fails the fallback checks.")
 @click.option("--no-condition-on-previous-text", is_flag=True, help="Decode each window without the previous text.")
