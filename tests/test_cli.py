@@ -206,7 +206,10 @@ def test_models_lists_every_name_with_its_state(tmp_path: Path, monkeypatch: pyt
     lines = result.stdout.splitlines()
     infos = known_models()
     assert lines[0].split() == ["name", "installed", "cached", "source"]
-    assert len(lines) == 1 + len(infos) + 2 and lines[-2] == ""
+    # The models, then the shipped draft models, then the CPU's precisions.
+    assert lines[1 + len(infos):1 + len(infos) + 4] == [
+        "", "draft models shipped (--assistant NAME, NAME:int8; auto picks them on a CPU):", "  base-draft (for base)", ""]
+    assert len(lines) == 1 + len(infos) + 5
     rows = {line.split()[0]: line.split()[1:] for line in lines[1: 1 + len(infos)]}
     assert list(rows) == [m.name for m in infos]
     for info in infos:

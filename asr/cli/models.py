@@ -7,7 +7,10 @@ import click
 
 @click.command("models")
 def models() -> None:
-    """List known model names: what each resolves to, whether installed and converted."""
+    """List known model names: what each resolves to, whether installed and converted; the draft models shipped
+    for `--assistant`."""
+    from asr.assist.choose import shipped_drafts
+    from asr.assist.draft_model import read_description
     from asr.models.precision import cpu_precisions
     from asr.models.registry import known_models
 
@@ -17,4 +20,9 @@ def models() -> None:
     click.echo(f"{'name':<{width}}  installed  cached  source")
     for name, installed, cached, source in rows:
         click.echo(f"{name:<{width}}  {installed:<9}  {cached:<6}  {source}")
+    drafts = shipped_drafts()
+    if drafts:
+        click.echo("\ndraft models shipped (--assistant NAME, NAME:int8; auto picks them on a CPU):")
+        for name, folder in sorted(drafts.items()):
+            click.echo(f"  {name} (for {read_description(folder).get('model', '?')})")
     click.echo(f"\n--dtype on this machine's CPU: {', '.join(cpu_precisions())} (auto: float32)")
