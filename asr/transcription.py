@@ -355,6 +355,7 @@ class WindowDecoder:
                                        best_of=options.best_of or 1)
         self.suppress = check_for_model(options, bundle)
         self.texts = prompt_texts(options, bundle)
+        self.prompt_room = prompt_room(bundle)
 
     def decode_text(self, tokens: list[int]) -> str:
         return self.bundle.tokenizer.decode(tokens)
@@ -445,11 +446,11 @@ class WindowDecoder:
         """The window's prompt: previous text (or the prefix, or hotwords first), the start sequence, forced tokens."""
         options, special, texts = self.options, self.bundle.special, self.texts
         language = audio.window_language if options.multilingual else audio.language
-        previous, prefix = audio.previous(prompt_room(self.bundle)), []
+        previous, prefix = audio.previous(self.prompt_room), []
         if texts.prefix and audio.prefix_pending:
             prefix = texts.prefix
         elif texts.hotwords:  # faster-whisper: hotwords go where the previous text goes, first
-            room = prompt_room(self.bundle) - len(texts.hotwords)
+            room = self.prompt_room - len(texts.hotwords)
             previous = texts.hotwords + (previous[-room:] if room > 0 else [])
         timestamps = options.uses_timestamps
         prompt, sot_index = special.prompt(previous, language, options.task, timestamps, prefix)
@@ -602,8 +603,8 @@ class AudioProgress:
         if self.speech_map is not None:
             self.take_new_segments()
             self.speech_map = None
-        self.stats.total_seconds = (self.finished_at or time.perf_counter()) - self.start
-        return _transcript(self.segments, self.language, self.stats, self.language_probs)
+        return _transcript(self.segments, self.language, self.stats, self.language_probs, self.start,
+                           self.finished_at)
 
 
 class ChunkProgress(AudioProgress):
@@ -649,12 +650,13 @@ class ChunkedRecording:
         for index, segment in enumerate(segments):
             segment.id = index
         self.stats.audio_seconds = len(self.samples) / SAMPLE_RATE
-        self.stats.total_seconds = (self.finished_at or time.perf_counter()) - self.start
-        return _transcript(segments, self.language, self.stats, self.language_probs)
+        return _transcript(segments, self.language, self.stats, self.language_probs, self.start, self.finished_at)
 
 
 def _transcript(segments: list[Segment], language: str | None, stats: TranscriptionStats,
-                language_probs: dict[str, float] | None) -> Transcript:
+                language_probs: dict[str, float] | None, start: float, finished_at: float | None) -> Transcript:
+    """The transcript of an audio's segments; its time runs from `start` to when it finished (else now)."""
+    stats.total_seconds = (finished_at or time.perf_counter()) - start
     return Transcript("".join(segment.text for segment in segments), language or "en", segments, stats, language_probs)
 
 

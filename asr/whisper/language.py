@@ -26,14 +26,21 @@ def language_code(code: str) -> str:
     Raises:
         ValueError: a language Whisper does not know.
     """
-    from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
-    key = code.strip().lower()
-    key = TO_LANGUAGE_CODE.get(key, key)
+    key = _language_key(code)
     if key not in LANGUAGES:
         raise ValueError(f"unknown language {code!r}; use a code such as {', '.join(list(LANGUAGES)[:8])}, ... "
                          "or a name such as German")
     return key
+
+
+def _language_key(code: str) -> str:
+    """"German", " DE " -> "de": a name as its code, a code as it is (lower case); not checked."""
+    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+    key = code.strip().lower()
+    return TO_LANGUAGE_CODE.get(key, key)
 
 
 def resolve_language(code: str | None, bundle: WhisperBundle) -> str | None:
@@ -44,10 +51,7 @@ def resolve_language(code: str | None, bundle: WhisperBundle) -> str | None:
     """
     if code is None:
         return None if bundle.is_multilingual else "en"
-    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
-
-    key = code.strip().lower()
-    key = TO_LANGUAGE_CODE.get(key, key)
+    key = _language_key(code)
     known = bundle.special.languages
     if not bundle.is_multilingual:
         if key != "en":
