@@ -51,6 +51,8 @@ class TranscriptionStats:
     """Where the time went, and what the model and the assistant did."""
 
     generation: GenerationStats = field(default_factory=GenerationStats)
+    # The assistant that drafted (its --assistant name: `base-draft:int8`, ...), or none.
+    assistant: str = "none"
     # Length of the audio, and the number of 30 s windows decoded (temperature fallbacks count once).
     audio_seconds: float = 0.0
     windows: int = 0
@@ -69,6 +71,8 @@ class TranscriptionStats:
     def add(self, other: "TranscriptionStats") -> None:
         """Accumulates another transcription's statistics into this one."""
         self.generation.add(other.generation)
+        if other.assistant != "none":
+            self.assistant = other.assistant
         for name in ("audio_seconds", "windows", "vad_seconds", "encode_seconds", "decode_seconds", "total_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -76,6 +80,7 @@ class TranscriptionStats:
         data = self.generation.to_dict()
         data.pop("total_seconds")
         data.update(
+            assistant=self.assistant,
             audio_seconds=round(self.audio_seconds, 3),
             windows=self.windows,
             vad_seconds=round(self.vad_seconds, 4),

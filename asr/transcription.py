@@ -344,6 +344,9 @@ class WindowDecoder:
         self.options = options
         self.assistant = assistant
         self.observer = observer
+        if options.beam_search and getattr(assistant, "chosen_by_auto", False):
+            logger.info("beam search decodes with the model alone: --assistant auto drafts nothing")
+            self.assistant = assistant = None
         if options.beam_search and assistant is not None:
             raise ValueError("beam search decodes with the model alone: pass no assistant, or beam size 1")
         self.rules = FallbackRules(options.temperatures, options.compression_ratio_threshold,
@@ -370,24 +373,27 @@ class WindowDecoder:
         """Decodes each audio's current window and moves the audio past what it decoded."""
         bundle, options = self.bundle, self.options
         share = 1.0 / len(batch)
+        # What `--assistant auto` chose drafts for one window at a time: several windows a pass already read the
+        # weights once for many tokens, and a draft only added steps there (docs/drafts.md).
+        assistant = self.assistant if len(batch) == 1 or not getattr(self.assistant, "chosen_by_auto", False) else None
 
         # 1. Encode the windows once, for the model and (when it shares the encoder) the assistant; languages.
         t = time.perf_counter()
         features = log_mel([audio.window for audio in batch], bundle.n_mels,
                            floors=[audio.floor(bundle.n_mels) for audio in batch])
         encoder_output = encode(bundle.model, features)
-        if len(batch) > 1 or self.assistant is not None or self.settings.beam_size > 1:
+        if len(batch) > 1 or assistant is not None or self.settings.beam_size > 1:
             pack_for_rows(bundle.model)  # passes of several rows from here on
         model_decoder = WhisperDecoderAdapter(bundle.model, encoder_output)
         self._detect_languages(batch, model_decoder)
         elapsed = time.perf_counter() - t
         windows = [self._prompt(audio) for audio in batch]
         make_draft = None
-        if self.assistant is not None:
+        if assistant is not None:
             contexts = [WindowContext(features[i:i + 1], encoder_output[i:i + 1], w.tokens, w.filters, w.previous,
                                       w.language, options.task, options.uses_timestamps, w.forced)
                         for i, w in enumerate(windows)]
-            make_draft, assistant_seconds = self.assistant.prepare(contexts)
+            make_draft, assistant_seconds = assistant.prepare(contexts)
             elapsed += assistant_seconds
         for audio in batch:
             audio.stats.encode_seconds += elapsed * share
@@ -411,6 +417,8 @@ class WindowDecoder:
         # 3. Cut each window into segments (word times from one more pass of the model over the final tokens).
         for i, (audio, window, (result, generation)) in enumerate(zip(batch, windows, decoded)):
             audio.stats.generation.add(generation)
+            if assistant is not None:
+                audio.stats.assistant = assistant.name
             audio.stats.decode_seconds += elapsed * share
             audio.stats.windows += 1
             if self.observer is not None:

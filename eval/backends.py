@@ -87,6 +87,7 @@ class LibraryBackend:
             accepted_tokens=generation.accepted_tokens if assisted else None,
             rounds=generation.rounds if assisted else None,
             accepted_length_histogram=dict(generation.accepted_length_histogram) if assisted else None,
+            assistant=stats.assistant,
         )
 
 
@@ -228,8 +229,9 @@ class _PassCounter:
 
 
 def make_backends(configs: list[EvalConfig], model_name: str, bundle: WhisperBundle, *, device: str, dtype: Any,
-                  threads: int) -> tuple[list[Backend], dict[str, str]]:
-    """Builds a backend for each configuration; assistants named twice are loaded once.
+                  threads: int, offload: Any = None) -> tuple[list[Backend], dict[str, str]]:
+    """Builds a backend for each configuration; assistants named twice are loaded once. The model in another
+    precision than the run's (`dtype=`) is loaded with the run's `offload` too.
 
     Returns:
         (the backends that can run, in the configurations' order; skipped configuration name -> reason).
@@ -257,7 +259,7 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: WhisperBun
                 form = (precision, plain_kernels and precision == INT8)
                 with kernel_switches(config.kernels):
                     if form not in models:
-                        models[form] = load_model(model_name, device=device, dtype=precision)
+                        models[form] = load_model(model_name, device=device, dtype=precision, offload=offload)
                     model = models[form]
                     assistant = None
                     if config.uses_assistant:

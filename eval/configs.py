@@ -1,7 +1,8 @@
 """Decoding configurations to compare, parsed from `--compare` strings.
 
     greedy[,vad]                            the model alone (this library's decoder)
-    assisted:NAME[,OPTION=VALUE...][,vad]   this library's assisted decoding; NAME as `asr transcribe --assistant`
+    assisted[:NAME][,OPTION=VALUE...][,vad] this library's assisted decoding; NAME as `asr transcribe --assistant`
+                                            (default auto)
     batched:N[,assistant=NAME]              this library's batched long-form (`asr transcribe --batch-size N`)
     beam:N[,best_of=M][,patience=P]         this library's beam search, N beams at temperature 0 and M samples
                                             (default N, as openai-whisper's command line pairs them) above
@@ -99,7 +100,9 @@ def parse_config(text: str) -> EvalConfig:
     if kind not in KINDS:
         raise ValueError(f"unknown configuration {name!r}; start it with one of {', '.join(KINDS)}")
     batch_size = beam_size = None
-    if kind in ASSISTED_KINDS:
+    if kind == "assisted" and not assistant.strip():
+        assistant = "auto"  # as `asr transcribe`'s default
+    elif kind in ASSISTED_KINDS:
         if not assistant.strip():
             raise ValueError(f"configuration {name!r} needs an assistant: {kind}:NAME (e.g. {kind}:tiny.en)")
     elif kind == "batched":

@@ -37,6 +37,8 @@ class Decoded:
     accepted_tokens: int | None = None
     rounds: int | None = None
     accepted_length_histogram: dict[int, int] | None = None
+    # The assistant that drafted (this library's configurations: its name, or "none").
+    assistant: str | None = None
 
 
 class Backend(Protocol):

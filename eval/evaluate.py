@@ -61,7 +61,7 @@ def evaluate(
     offload = resolve_offload(offload, device)
     bundle = load_model(model, device=device, dtype=dtype, offload=offload)
     backends, skipped = make_backends(configs, model, bundle, device=device, dtype=dtype,
-                                      threads=torch.get_num_threads())
+                                      threads=torch.get_num_threads(), offload=offload)
     for name, reason in skipped.items():
         message(f"skipping configuration {name}: {reason}")
     if not backends:

@@ -68,7 +68,7 @@ def item_row(item: EvalItem, outcome: Decoded | Failure | None, reference: Decod
         assistant_forward_passes=outcome.assistant_forward_passes,
         drafted_tokens=outcome.drafted_tokens, accepted_tokens=outcome.accepted_tokens,
         acceptance_rate=_round(_ratio(outcome.accepted_tokens, outcome.drafted_tokens)),
-        rounds=outcome.rounds, mean_accepted_length=_round(_ratio(outcome.generated_tokens, outcome.rounds)),
+        assistant=outcome.assistant, rounds=outcome.rounds, mean_accepted_length=_round(_ratio(outcome.generated_tokens, outcome.rounds)),
         accepted_length_histogram=None if outcome.accepted_length_histogram is None
         else {str(k): v for k, v in sorted(outcome.accepted_length_histogram.items())},
     )

@@ -351,10 +351,11 @@ def test_transcribe_beam_searches_with_assistant_auto_decoding_alone(tiny_whispe
 
     clip = str(SAMPLES / "numbers.flac")
     args = ["transcribe", clip, "--model", str(tiny_whisper_folder), "--language", "en", "-f", "json", "-q",
-            "--temperature", "0", "--threads", "1", "--beam-size", "2", "--assistant", "auto"]
+            "--temperature", "0", "--threads", "1", "--beam-size", "2"]  # --assistant auto, the default
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert result.stderr.strip() == "warning: beam search decodes with the model alone; --assistant auto uses none"
+    assert result.stderr.strip() == ""  # the default's choice, not a warning
+    assert json.loads(result.stdout)["stats"]["assistant"] == "none"
     tokens = [s["tokens"] for s in json.loads(result.stdout)["segments"]]
     options = TranscribeOptions(language="en", temperatures=(0.0,), beam_size=2)
     assert tokens == [s.tokens for s in transcribe(tiny_bundle, clip, options).segments]

@@ -177,7 +177,8 @@ def test_transcribe_names_each_file_on_stdout_when_there_are_several(scripted_fo
     assert result.exit_code == 0, result.output
     assert result.stdout == f"==> {short} <==\nhello world\n==> {silence} <==\n\n"
     # Status lines on stderr: the model loaded, the assistant; none with -q.
-    assert result.stderr.splitlines()[:2] == [f"loading {scripted_folder} on cpu (float32)", "assistant: none"]
+    assert result.stderr.splitlines()[:2] == [f"loading {scripted_folder} on cpu (float32)",
+                                                "assistant: none (chosen by --assistant auto)"]
     assert run("transcribe", short, "--model", str(scripted_folder), "--language", "en", "-q").stderr == ""
 
 

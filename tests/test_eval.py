@@ -112,6 +112,8 @@ def test_report_folder_from_a_summary(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text, expected", [
     ("greedy", EvalConfig("greedy", "greedy")),
+    ("assisted", EvalConfig("assisted", "assisted", "auto")),  # the default assistant, as asr transcribe's
+    ("assisted,dtype=int8", EvalConfig("assisted,dtype=int8", "assisted", "auto", dtype="int8")),
     ("assisted:tiny.en,schedule=constant,k=4", EvalConfig("assisted:tiny.en,schedule=constant,k=4", "assisted",
                                                           "tiny.en", "constant", 4)),
     ("assisted:self:int8,temperature=0.2", EvalConfig("assisted:self:int8,temperature=0.2", "assisted",
@@ -152,7 +154,7 @@ def test_configurations_parse(text: str, expected: EvalConfig) -> None:
     ("greedy,patience=2", "unknown option 'patience' for greedy"),
     ("faster-whisper,beam=0", "beam must be a whole number >= 1"),
     ("faster-whisper,best_of=2", "unknown option 'best_of' for faster-whisper"),
-    ("assisted", "needs an assistant"),
+    ("transformers-assisted", "needs an assistant"),
     ("greedy:tiny.en", "takes no assistant"),
     ("assisted:tiny.en,k=0", "k must be"),
     ("assisted:tiny.en,schedule=fast", "unknown schedule"),

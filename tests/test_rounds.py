@@ -46,5 +46,5 @@ def test_a_pair_is_measured_once_and_logged(tiny_whisper_folder: Path, tmp_path:
     assert "draft rounds: model pass" in caplog.text and "constant rounds of" in caplog.text
     measured = []
     monkeypatch.setattr(rounds, "measure_costs", lambda *args: measured.append(args) or StepCosts((1.0, 1.0), 0.1))
-    again = rounds.measured_schedule(bundle, assistant.decoder_model, assistant.dtype)
+    again, _ = rounds.measured_rounds(bundle, assistant.decoder_model, assistant.dtype)
     assert again == assistant.schedule and measured == []  # kept for this (model, draft)

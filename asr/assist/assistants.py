@@ -39,6 +39,10 @@ class SharedEncoderAssistant:
 
     # (schedule, k) this assistant drafts with unless the options say otherwise; None: the options' default.
     schedule: tuple[str, int] | None = None
+    # The speed-up over plain decoding its measured step costs expect (draft models; None: not measured).
+    expected_speedup: float | None = None
+    # Chosen by `--assistant auto`: a run that decodes beams or batches of windows decodes without it.
+    chosen_by_auto: bool = False
 
     def __init__(self, name: str, decoder_model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
         self.name = name
@@ -63,6 +67,8 @@ class FullAssistant:
     """A whole Whisper model as assistant; with another tokenizer its drafts go through text (pairings 2, 3)."""
 
     schedule: tuple[str, int] | None = None  # as SharedEncoderAssistant's
+    expected_speedup: float | None = None
+    chosen_by_auto: bool = False
 
     def __init__(self, name: str, bundle: WhisperBundle, model_bundle: WhisperBundle) -> None:
         self.name = name

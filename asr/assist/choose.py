@@ -26,7 +26,8 @@ from asr.assist.assistants import (
     low_precision_decoder,
     same_encoder,
 )
-from asr.assist.rounds import measured_schedule
+from asr.assist.rounds import DRAFT_ACCEPTANCE, measured_rounds
+from asr.errors import first_line
 from asr.models.offload import OffloadOptions, offload_store
 from asr.models.precision import Precision, compute_dtype
 
@@ -35,10 +36,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-def load_pair(model: str, assistant: str = "none", *, device: str = "cpu", dtype: Precision = torch.float32,
+# `auto` drafts with a draft model only where the cost model (`asr.assist.rounds`) expects at least this speed-up:
+# what a round costs beyond the two passes (bookkeeping, cache cuts) took some 15 % of the expected gain in the
+# runs of docs/drafts.md, so an expectation below this would be plain decoding's speed or worse.
+AUTO_MIN_SPEEDUP = 1.15
+
+
+def load_pair(model: str, assistant: str = "auto", *, device: str = "cpu", dtype: Precision = torch.float32,
               offload: OffloadOptions | None = None, batched: bool = False) -> tuple[WhisperBundle, Any]:
     """Loads the model (offloading its decoder layers if asked: `asr.models.offload`) and resolves `assistant`
-    for it (`make_assistant`).
+    for it (`make_assistant`; `auto`, the default, drafts where it pays, and "none" decodes plainly).
 
     Raises:
         ValueError: an unknown model or assistant, a pair that cannot work together, or offload options that
@@ -70,23 +77,7 @@ def make_assistant(spec: str, model_bundle: WhisperBundle, *, device: str = "cpu
     if spec == "auto" and offload_store(model_bundle.model) is not None:
         return _auto_for_offloaded(model_bundle, device=device, dtype=dtype)
     if spec == "auto":
-        device_type = next(model_bundle.model.parameters()).device.type
-        chosen = auto_assistant(device_type, model_bundle.source)
-        if chosen == "none" and device_type == "cpu" and not batched:
-            chosen = shipped_draft_for(model_bundle.model) or chosen
-        logger.info("--assistant auto chose %s", chosen)
-        try:
-            assistant = make_assistant(chosen, model_bundle, device=device, dtype=dtype)
-        except ValueError as error:
-            # auto must never fail a run: without its student (no Hub access, say) it decodes plainly.
-            logger.warning("--assistant auto: %s; decoding without an assistant", error)
-            return None
-        if isinstance(assistant, FullAssistant) and device_type == "cpu":
-            # The CPU choice counts on sharing the encoder: a second large encoder costs seconds per window.
-            logger.warning("--assistant auto: %s does not share the model's encoder; decoding without an "
-                           "assistant", chosen)
-            return None
-        return assistant
+        return _auto(model_bundle, device=device, dtype=dtype, batched=batched)
     if spec in ("none", ""):
         return None
     name, precision = _split_precision(spec)
@@ -99,8 +90,11 @@ def make_assistant(spec: str, model_bundle: WhisperBundle, *, device: str = "cpu
 
         draft = load_draft(folder, model_bundle.model)
         assistant = _in_precision(SharedEncoderAssistant(spec, draft), precision, spec)
-        assistant.schedule = OFFLOAD_SCHEDULE if offload_store(model_bundle.model) is not None else \
-            measured_schedule(model_bundle, assistant.decoder_model, assistant.dtype)
+        if offload_store(model_bundle.model) is not None:
+            assistant.schedule = OFFLOAD_SCHEDULE
+        else:
+            assistant.schedule, assistant.expected_speedup = measured_rounds(
+                model_bundle, assistant.decoder_model, assistant.dtype, draft_acceptance(folder))
         return assistant
     if is_decoder_only(name):
         assistant = load_decoder_assistant(name, model_bundle, device=device, dtype=compute_dtype(dtype))
@@ -116,6 +110,51 @@ def make_assistant(spec: str, model_bundle: WhisperBundle, *, device: str = "cpu
     if precision is not None:
         assistant.decoder_model = low_precision_decoder(bundle.model, precision)[0].eval()
     return assistant
+
+
+def _auto(model_bundle: WhisperBundle, *, device: str, dtype: Precision, batched: bool):
+    """`--assistant auto`: the assistant `auto_assistant` names (a distil-whisper student), else on a CPU the int8
+    copy of a shipped draft model for the model where its measured costs expect it to pay (`AUTO_MIN_SPEEDUP`),
+    else none. It never fails a run: an assistant that cannot be had is one warning and plain decoding.
+
+    Returns:
+        The assistant, marked `chosen_by_auto` (a run that decodes beams or batches drops it), or None.
+    """
+    device_type = next(model_bundle.model.parameters()).device.type
+    chosen = auto_assistant(device_type, model_bundle.source)
+    if chosen == "none" and device_type == "cpu" and not batched:
+        chosen = shipped_draft_for(model_bundle.model) or chosen
+    if chosen == "none":
+        logger.info("--assistant auto chose none")
+        return None
+    try:
+        assistant = make_assistant(chosen, model_bundle, device=device, dtype=dtype)
+    except ValueError as error:
+        # Without its student (no Hub access, say) or with a damaged draft, auto decodes plainly.
+        logger.warning("--assistant auto: %s; decoding without an assistant", first_line(error))
+        return None
+    if isinstance(assistant, FullAssistant) and device_type == "cpu":
+        # The CPU choice counts on sharing the encoder: a second large encoder costs seconds per window.
+        logger.warning("--assistant auto: %s does not share the model's encoder; decoding without an "
+                       "assistant", chosen)
+        return None
+    expected = getattr(assistant, "expected_speedup", None)
+    if expected is not None and expected < AUTO_MIN_SPEEDUP:
+        logger.info("--assistant auto: %s expects %.2fx plain decoding's speed here (measured step costs); "
+                    "decoding without an assistant", chosen, expected)
+        return None
+    logger.info("--assistant auto chose %s", chosen)
+    assistant.chosen_by_auto = True
+    return assistant
+
+
+def draft_acceptance(folder: Path) -> float:
+    """The share of the model's tokens the draft in `folder` predicted on its held-out recordings (teacher-forced:
+    what its drafts' acceptance is in greedy decoding), or `DRAFT_ACCEPTANCE` when its report has none."""
+    from asr.assist.draft_model import read_description
+
+    agreement = read_description(folder).get("training", {}).get("agreement")
+    return float(agreement) if isinstance(agreement, (int, float)) and 0.0 < agreement < 1.0 else DRAFT_ACCEPTANCE
 
 
 # Drafts trained by `asr distill` and shipped with the package, by name (`--assistant base-draft`).
@@ -140,12 +179,15 @@ def shipped_draft_for(model: torch.nn.Module) -> str | None:
     `decoding.kernels.native`'s, in rounds of 1 and with its own int8 products native, 1.11x and 1.03x (decoder 1.16x
     and 1.15x).
     """
-    from asr.assist.draft_model import check_draft
+    from asr.assist.draft_model import DraftMismatch, check_draft
 
     for name, folder in shipped_drafts().items():
         try:
-            check_draft(folder, model)  # refuses a draft trained for another model
-        except ValueError:
+            check_draft(folder, model)
+        except DraftMismatch:
+            continue  # trained for another model
+        except ValueError as error:
+            logger.warning("--assistant auto: %s; decoding without it", first_line(error))
             continue
         return f"{name}:int8"
     return None
@@ -217,21 +259,22 @@ def auto_assistant(device_type: str, source: str) -> str:
 OFFLOAD_SCHEDULE = ("constant", 10)
 
 
-def offload_assistants(source: str, device_type: str) -> list[str]:
+def offload_assistants(source: str, device_type: str, model: torch.nn.Module | None = None) -> list[str]:
     """Resident assistants worth trying for a model whose decoder layers are offloaded, best first.
 
     A distil-whisper student that shares the model's encoder where one exists; then, on a CPU, the int8 copy of
-    the model's own decoder (weight-only int8: it agrees with the model on most tokens, at a quarter of the fp32 size).
-    A draft trained for the model (`asr distill`; `base-draft`) drafts for an offloaded model by name too;
-    it belongs before the int8 copy here once measured offloaded (its steps are cheaper, its agreement lower).
-    On a GPU a same-size fp16 copy would need the memory the offload frees, so there is no such fallback there.
+    a shipped draft model trained for `model` (`base-draft:int8`: two layers and a 16k-token head, its steps a
+    fraction of the next one's), then the int8 copy of the model's own decoder (weight-only int8: it agrees
+    with the model on most tokens, at a quarter of the fp32 size). On a GPU a same-size fp16 copy would need the
+    memory the offload frees, so there is no such fallback there.
     """
     candidates = []
     student = DISTIL_FOR.get(source.removeprefix("hub:"))
     if student is not None:
         candidates.append(student)
     if device_type == "cpu":
-        candidates.append("self:int8")
+        draft = shipped_draft_for(model) if model is not None else None
+        candidates += [draft, "self:int8"] if draft else ["self:int8"]
     return candidates
 
 
@@ -239,7 +282,7 @@ def _auto_for_offloaded(model_bundle: WhisperBundle, *, device: str, dtype: torc
     """`--assistant auto` for an offloaded model: the first resident assistant of `offload_assistants` that
     loads and shares the model's encoder, drafting OFFLOAD_SCHEDULE; None when there is none."""
     device_type = next(model_bundle.model.parameters()).device.type
-    for name in offload_assistants(model_bundle.source, device_type):
+    for name in offload_assistants(model_bundle.source, device_type, model_bundle.model):
         try:
             assistant = make_assistant(name, model_bundle, device=device, dtype=dtype)
         except ValueError as error:

@@ -34,6 +34,10 @@ WEIGHTS_FILE = "model.safetensors"
 PROBE_IDS = (11, 13, 262, 1000, 5000, 20000, 40000, 50256, 50257, 50258, 50362, 50363, 50364)
 
 
+class DraftMismatch(ValueError):
+    """A draft trained for another model than the one it is paired with."""
+
+
 class SubsetHead(torch.nn.Module):
     """The model's output head restricted to the tokens a draft may propose; the others get -inf.
 
@@ -194,7 +198,8 @@ def check_draft(folder: str | Path, model: torch.nn.Module) -> dict[str, Any]:
     the model's weights it keeps) without building it; returns its description.
 
     Raises:
-        ValueError: not a draft folder, unreadable weights, or a draft trained for another model.
+        DraftMismatch: a draft trained for another model.
+        ValueError: not a draft folder, or unreadable weights.
     """
     from safetensors import safe_open
 
@@ -203,7 +208,7 @@ def check_draft(folder: str | Path, model: torch.nn.Module) -> dict[str, Any]:
     config = model.config
     for key in ("d_model", "decoder_attention_heads", "decoder_ffn_dim", "vocab_size"):
         if description.get(key) != getattr(config, key):
-            raise ValueError(f"draft {folder} was trained for model {description.get('model')!r} ({key} "
+            raise DraftMismatch(f"draft {folder} was trained for model {description.get('model')!r} ({key} "
                              f"{description.get(key)}), this model has {key} {getattr(config, key)}")
     probe = model_probe(model)
     try:
@@ -216,7 +221,7 @@ def check_draft(folder: str | Path, model: torch.nn.Module) -> dict[str, Any]:
         found = stored.get(name)
         # Loose enough for a model loaded in half precision, far too tight for another model's weights.
         if found is None or found.shape != expected.shape or not torch.allclose(found, expected, rtol=2e-2, atol=2e-3):
-            raise ValueError(f"draft {folder} was trained for model {description.get('model')!r}: its encoder and "
+            raise DraftMismatch(f"draft {folder} was trained for model {description.get('model')!r}: its encoder and "
                              "embeddings are not this model's; train one with `asr distill`")
     return description
 

@@ -141,18 +141,20 @@ def _passes(decoder: WhisperDecoderAdapter, context: torch.Tensor, widths: Itera
 _CHOSEN: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 
 
-def measured_schedule(model_bundle: WhisperBundle, draft_model: torch.nn.Module,
-                      draft_dtype: torch.dtype | None = None) -> tuple[str, int]:
-    """The schedule a draft model drafts with for `model_bundle`'s model: `best_rounds` over the costs measured
-    for the pair (`measure_costs`), once per (model, draft)."""
+def measured_rounds(model_bundle: WhisperBundle, draft_model: torch.nn.Module, draft_dtype: torch.dtype | None = None,
+                    acceptance: float = DRAFT_ACCEPTANCE) -> tuple[tuple[str, int], float]:
+    """The schedule a draft model drafts with for `model_bundle`'s model, `best_rounds` over the costs measured
+    for the pair (`measure_costs`) at the draft's `acceptance`, and the speed-up over plain decoding it expects;
+    measured once per (model, draft)."""
     model = model_bundle.model
     chosen = _CHOSEN.setdefault(model, weakref.WeakKeyDictionary()).get(draft_model)
     if chosen is None:
         costs = measure_costs(model_bundle, draft_model, draft_dtype)
-        chosen = best_rounds(costs)
+        schedule = best_rounds(costs, acceptance)
+        chosen = schedule, expected_speedup(costs, schedule[1], acceptance)
         _CHOSEN[model][draft_model] = chosen
         logger.info("draft rounds: model pass %s ms over 1..%d tokens, draft step %.2f ms; at acceptance %.2f "
                     "constant rounds of %d (%.2fx plain decoding expected)",
                     ", ".join(f"{1000 * s:.2f}" for s in costs.model), len(costs.model), 1000 * costs.draft,
-                    DRAFT_ACCEPTANCE, chosen[1], expected_speedup(costs, chosen[1], DRAFT_ACCEPTANCE))
+                    acceptance, schedule[1], chosen[1])
     return chosen

@@ -21,6 +21,8 @@ from asr.errors import first_line
               help="Text for --tts, one sentence a line (default: the built-in corpus).")
 @click.option("--tts-minutes", default=60.0, show_default=True, type=float, help="Minutes of speech to synthesise.")
 @click.option("--language", default=None, help="Language of the --audio recordings (default: detect).")
+@click.option("--augment", default=0, show_default=True, type=int,
+              help="Altered takes of each --audio recording (speed, room, telephone band, noise), each labelled.")
 @click.option("--layers", default=None, help="MODEL's decoder layers the draft starts from, e.g. 0,5 "
               "(default: the first and the last).")
 @click.option("--vocabulary", default=None, type=int,
@@ -38,8 +40,8 @@ from asr.errors import first_line
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="Torch CPU threads.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-def distill_command(model, output, audio_source, tts, text, tts_minutes, language, layers, vocabulary, steps,
-                    max_minutes, windows_per_step, learning_rate, held_out, top_k, seed, work_dir, device,
+def distill_command(model, output, audio_source, tts, text, tts_minutes, language, augment, layers, vocabulary,
+                    steps, max_minutes, windows_per_step, learning_rate, held_out, top_k, seed, work_dir, device,
                     threads, quiet) -> None:
     """Train a small draft that agrees with MODEL, to assist it (`--assistant OUTPUT`)."""
     from asr.cli.runtime import setup_runtime
@@ -48,7 +50,7 @@ def distill_command(model, output, audio_source, tts, text, tts_minutes, languag
     device, _ = setup_runtime(device, "float32", threads)
     try:
         options = DistillOptions(
-            audio=audio_source, tts=tts, text=text, tts_minutes=tts_minutes, language=language,
+            audio=audio_source, tts=tts, text=text, tts_minutes=tts_minutes, language=language, augment=augment,
             layers=_layers(layers), vocabulary=vocabulary, top_k=top_k, held_out=held_out, seed=seed,
             train=TrainOptions(steps=steps, max_minutes=max_minutes, windows_per_step=windows_per_step,
                                learning_rate=learning_rate, seed=seed),

@@ -64,8 +64,9 @@ def parse_temperatures_option(ctx: click.Context, param: click.Parameter, value:
 
 SHARED = [
     click.option("--model", default="base", show_default=True, help="Model name (see `asr models`), hub id or folder."),
-    click.option("--assistant", default="none", show_default=True,
-                 help="none, auto, self:bf16, self:int8, a model name, hub id or folder."),
+    click.option("--assistant", default="auto", show_default=True,
+                 help="auto (a draft where it pays: the words are the model's either way), none, self:bf16, "
+                      "self:int8, a draft, model name, hub id or folder."),
     click.option("--language", default=None, help="Spoken language code or name (default: detect, per file)."),
     click.option("--task", type=click.Choice(TASKS), default="transcribe", show_default=True),
     click.option("--timestamps/--without-timestamps", default=None,
@@ -171,8 +172,8 @@ def build_options(*, language: str | None, task: str, timestamps: bool | None, w
 
 
 def assistant_to_load(assistant: str, options: TranscribeOptions) -> str:
-    """The --assistant to load: beam search is plain decoding, so `auto` then loads none (with a warning) and any
-    other assistant is refused.
+    """The --assistant to load: beam search is plain decoding, so `auto` then loads none and any other assistant
+    is refused.
 
     Raises:
         ValueError: beam search with an assistant.
@@ -181,7 +182,6 @@ def assistant_to_load(assistant: str, options: TranscribeOptions) -> str:
         return assistant
     spec = assistant.strip()
     if spec == "auto":
-        click.echo("warning: beam search decodes with the model alone; --assistant auto uses none", err=True)
         return "none"
     if spec != "none":
         raise ValueError(f"--beam-size {options.beam_size} decodes with the model alone; drop --assistant {spec} "

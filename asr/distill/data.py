@@ -158,9 +158,14 @@ def synthesize_recordings(folder: Path, sentences: list[str], minutes: float, se
     return paths
 
 
+# Marks an altered take of a recording in its item id: "audio:talk.wav#take2" is a take of "audio:talk.wav".
+TAKE = "#take"
+
+
 def held_out(item_id: str, fraction: float) -> bool:
-    """Whether a source item is kept out of training (decided by its id, so it stays so across runs)."""
-    digest = int(hashlib.sha256(item_id.encode()).hexdigest()[:8], 16)
+    """Whether a source item is kept out of training (decided by its id, so it stays so across runs; the
+    altered takes of a recording go where the recording goes, so no held-out speech is trained on)."""
+    digest = int(hashlib.sha256(item_id.split(TAKE)[0].encode()).hexdigest()[:8], 16)
     return digest / 0xFFFFFFFF < fraction
 
 

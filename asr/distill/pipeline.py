@@ -12,6 +12,7 @@ Every stage resumes from the work folder, so an interrupted run given the same c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+import numpy as np
 import torch
 
 from asr.distill.train import TrainOptions
@@ -44,6 +46,9 @@ class DistillOptions:
     tts_minutes: float = 60.0
     # Language of the user's recordings (None: the model detects it per file); synthesised speech is English.
     language: str | None = None
+    # Altered takes of each of the user's recordings (speed, room, telephone band, noise, level), each labelled
+    # by the model as heard: more acoustic variety from a few hours of real speech.
+    augment: int = 0
     # The model's decoder layers the draft starts from (None: the first and the last, as distil-whisper).
     layers: tuple[int, ...] | None = None
     # Text tokens the draft may propose (None: all): a smaller output head makes each draft step cheaper.
@@ -59,6 +64,10 @@ class DistillOptions:
     def __post_init__(self) -> None:
         if self.audio is None and not self.tts:
             raise ValueError("nothing to train on: give --audio SOURCE and/or --tts")
+        if self.augment < 0:
+            raise ValueError(f"--augment must be >= 0 takes, got {self.augment}")
+        if self.augment and self.audio is None:
+            raise ValueError("--augment alters the --audio recordings; add --audio SOURCE")
         if self.text is not None and not self.tts:
             raise ValueError("--text is the text that --tts speaks; add --tts")
         if self.tts and not self.tts_minutes > 0:
@@ -176,7 +185,7 @@ def _recipe(model: str, options: DistillOptions) -> dict[str, Any]:
     """What decides the cached data: a work folder serves only the recipe that made it."""
     return {"model": model, "audio": options.audio, "tts": options.tts, "text": options.text,
             "tts_minutes": options.tts_minutes if options.tts else None, "language": options.language,
-            "top_k": options.top_k, "held_out": options.held_out, "seed": options.seed}
+            "augment": options.augment, "top_k": options.top_k, "held_out": options.held_out, "seed": options.seed}
 
 
 def _claim_work(work: Path, model: str, options: DistillOptions) -> None:
@@ -207,7 +216,8 @@ def _label(bundle: WhisperBundle, work: Path, options: DistillOptions, sentences
            show_progress: bool) -> dict[str, Any]:
     """Synthesises (when asked) and decodes all audio into cached windows; returns counts per kind."""
     from asr.batch.sources import iter_items, load_item_audio
-    from asr.distill.data import synthesize_recordings
+    from asr.distill.data import TAKE, synthesize_recordings
+    from asr.distill.tts import perturb
     from asr.options import TranscribeOptions
     from audio import load_audio
 
@@ -229,6 +239,13 @@ def _label(bundle: WhisperBundle, work: Path, options: DistillOptions, sentences
         def user_items() -> Iterator:
             for item in iter_items(options.audio):
                 yield f"audio:{item.id}", lambda item=item: load_item_audio(item)
+                for take in range(1, options.augment + 1):
+                    yield f"audio:{item.id}{TAKE}{take}", lambda item=item, take=take: _altered(item, take)
+
+        def _altered(item, take: int):
+            # Each take draws its own alterations, the same in every run (resuming relabels nothing).
+            digest = int(hashlib.sha256(item.id.encode()).hexdigest()[:8], 16)
+            return perturb(load_item_audio(item), np.random.default_rng([options.seed, digest, take]))
 
         found = _decode_all(bundle, work, user_items(),
                             TranscribeOptions(language=options.language, temperatures=(0.0,)), label,

@@ -158,6 +158,18 @@ def _resampled(samples: np.ndarray, rate_hz: int) -> np.ndarray:
     return np.ascontiguousarray(samples, dtype=np.float32)
 
 
+def perturb(samples: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Another take of a real recording: speed 0.9-1.1x (tempo and pitch together, as Kaldi's speed
+    perturbation), then conditions drawn as for synthesised speech (`degrade`)."""
+    import librosa
+
+    speed = rng.uniform(0.9, 1.1)
+    # Played `speed` times faster: read as if sampled at SAMPLE_RATE * speed and resampled to SAMPLE_RATE.
+    out = librosa.resample(samples.astype(np.float32), orig_sr=round(SAMPLE_RATE * speed), target_sr=SAMPLE_RATE,
+                           res_type="soxr_hq")
+    return degrade(out, rng)
+
+
 def degrade(samples: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """A recording's conditions drawn from `rng`: reverberation, telephone band, noise and level."""
     out = samples.astype(np.float32)
