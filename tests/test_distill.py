@@ -218,3 +218,30 @@ def test_a_draft_drafts_measured_constant_rounds_unless_told_otherwise(tiny_whis
         assert TranscribeOptions().drafting(assistant.schedule) == assistant.schedule
         assert TranscribeOptions(schedule="heuristic", num_assistant_tokens=5).drafting(assistant.schedule) == \
             ("heuristic", 5)
+
+
+def test_augmented_takes_of_real_recordings_are_labelled_and_held_out_with_them(tiny_whisper_folder: Path,
+                                                                                  tmp_path: Path) -> None:
+    import numpy as np
+
+    from asr.distill.data import TAKE, held_out
+    from asr.distill.tts import perturb
+
+    result = run(str(tiny_whisper_folder), "-o", str(tmp_path / "draft"), "--audio", str(SAMPLES), "--augment", "1",
+                 "--steps", "1", "--layers", "1", "--held-out", "0.3")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "draft.work" / "labelled.jsonl").read_text().splitlines()]
+    originals = [r for r in rows if TAKE not in r["id"]]
+    takes = {r["id"].split(TAKE)[0]: r for r in rows if r["id"].endswith(f"{TAKE}1")}
+    assert originals and set(takes) == {r["id"] for r in originals}  # one take of every recording
+    assert all(takes[r["id"]]["held_out"] == r["held_out"] for r in originals)  # no held-out speech trained on
+    assert held_out("audio:x.wav#take3", 0.5) == held_out("audio:x.wav", 0.5)
+    # A take: 0.9-1.1x the speed, its conditions drawn from its own generator (the same in every run).
+    speech = np.sin(np.arange(32000) / 10.0).astype(np.float32)
+    one, again = perturb(speech, np.random.default_rng([0, 1])), perturb(speech, np.random.default_rng([0, 1]))
+    assert np.array_equal(one, again) and 0.89 < len(speech) / len(one) < 1.11
+    assert not np.array_equal(one, perturb(speech, np.random.default_rng([0, 2])))
+    for args, words in ((["--audio", str(SAMPLES), "--augment", "-1"], "--augment must be >= 0"),
+                        (["--tts", "--augment", "1"], "--augment alters the --audio recordings")):
+        bad = run(str(tiny_whisper_folder), "-o", str(tmp_path / "bad"), *args)
+        assert bad.exit_code == 1 and words in bad.output
