@@ -169,7 +169,7 @@ def train_draft(draft: DraftDecoder, train: list[Path], held: list[Window], work
     started = time.perf_counter()
     spent_before = history.get("minutes", 0.0)
     latest = history.get("agreement")
-    loss_value = float("nan")
+    loss_value = history.get("loss", float("nan"))  # a finished run resumed (a new --vocabulary): its last loss
     draft.train()
     while step < options.steps:
         minutes = spent_before + (time.perf_counter() - started) / 60
