@@ -12,7 +12,8 @@ set is one `asr eval` run whose eight configurations (default and none, for each
 each recording in turn, after a warm-up: a machine that slows down slows every configuration alike. Per cell:
 seconds of the whole run and of the decoder, the ratio none / default (above 1: the default is faster), the
 median of the per-recording ratios, whether every recording got the same words, the assistant that ran and its
-acceptance. Writes OUT.json and OUT.md.
+acceptance; OUT.json also keeps each recording's seconds (none, default) and whether its words matched.
+Writes OUT.json and OUT.md.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ def run_cells(set_name: str, placement: str, limit: int | None, folder: Path) ->
              on_item=on_item, on_message=print, offload=offload)
     rows = []
     for (mode, dtype), (plain, default) in cells.items():
-        pairs = [(r[plain], r[default]) for r in per_item.values()
-                 if getattr(r.get(plain), "text", None) is not None and getattr(r.get(default), "text", None) is not None]
+        done = {item: (r[plain], r[default]) for item, r in per_item.items()
+                if getattr(r.get(plain), "text", None) is not None and getattr(r.get(default), "text", None) is not None}
+        pairs = list(done.values())
         if not pairs:
             continue
         none_s = sum(p.seconds for p, _ in pairs)
@@ -95,6 +97,8 @@ def run_cells(set_name: str, placement: str, limit: int | None, folder: Path) ->
             "same_words": all(p.text.strip() == d.text.strip() for p, d in pairs),
             "assistants": sorted({d.assistant or "none" for _, d in pairs}),
             "acceptance": round(sum(d.accepted_tokens or 0 for _, d in pairs) / drafted, 3) if drafted else None,
+            "per_recording": {item: [round(p.seconds, 3), round(d.seconds, 3), p.text.strip() == d.text.strip()]
+                              for item, (p, d) in done.items()},
         })
     return rows
 

@@ -129,8 +129,8 @@ def _auto(model_bundle: WhisperBundle, *, device: str, dtype: Precision, batched
         return None
     try:
         assistant = make_assistant(chosen, model_bundle, device=device, dtype=dtype)
-    except ValueError as error:
-        # Without its student (no Hub access, say) or with a damaged draft, auto decodes plainly.
+    except Exception as error:  # auto never fails a run: whatever stops its choice, it decodes plainly
+        # Without its student (no Hub access, say), with a damaged draft, or a failure measuring the pair.
         logger.warning("--assistant auto: %s; decoding without an assistant", first_line(error))
         return None
     if isinstance(assistant, FullAssistant) and device_type == "cpu":
