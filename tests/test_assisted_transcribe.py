@@ -139,15 +139,18 @@ def test_auto_picks_a_student_only_where_it_pays() -> None:
 def test_auto_drafts_with_base_draft_for_base_and_decodes_alone_when_its_student_cannot_load(base, monkeypatch,
                                                                                               caplog) -> None:
     import asr.assist.choose
-    from asr.assist.rounds import MAX_ROUND
+    from asr.assist import rounds
 
     # On a CPU `base` has no distil-whisper student: its shipped draft's int8 copy, in constant rounds of the
-    # length measured best for the pair (`asr.assist.rounds`; speed is not asserted here).
+    # length measured best for the pair (`asr.assist.rounds`), where the costs measured expect it to pay. The
+    # costs are measured (and logged), but whether a busy test machine finds that it pays is not asserted here.
     with caplog.at_level("INFO", logger="asr.assist.rounds"):
-        chosen = make_assistant("auto", base)
-    assert chosen is not None and chosen.name == "base-draft:int8"
-    assert chosen.schedule[0] == "constant" and 1 <= chosen.schedule[1] <= MAX_ROUND
+        make_assistant("auto", base)
     assert "draft rounds: model pass" in caplog.text
+    monkeypatch.setattr(rounds, "measure_costs", lambda *args: rounds.StepCosts((7.3, 7.9, 9.3, 10.2), 1.4))
+    chosen = make_assistant("auto", base)
+    assert chosen is not None and chosen.name == "base-draft:int8"
+    assert chosen.schedule[0] == "constant" and 1 <= chosen.schedule[1] <= rounds.MAX_ROUND
     assert make_assistant("auto", base, batched=True) is None  # it made batches of windows slower
     caplog.clear()
     monkeypatch.setattr(asr.assist.choose, "auto_assistant", lambda device, source: "/nonexistent/distil-student")

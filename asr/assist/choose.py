@@ -2,9 +2,9 @@
 model name, hub id or folder), and the rules `auto` follows.
 
 A draft model (`base-draft`, any `asr distill` folder) drafts constant rounds whose length is chosen when it is
-paired with its model, from the two models' step costs measured then (`asr.assist.rounds.measured_schedule`: the
+paired with its model, from the two models' step costs measured then (`asr.assist.rounds.measured_rounds`: the
 model's pass over 1 to 6 tokens and the draft's step, timed once per pair and logged at INFO, and the round with
-the most expected tokens a second at the draft's usual acceptance); an offloaded model's draft drafts
+the most expected tokens a second at the draft's held-out agreement); an offloaded model's draft drafts
 `OFFLOAD_SCHEDULE` untimed. `--schedule` and `--num-assistant-tokens` override either.
 """
 

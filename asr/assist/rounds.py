@@ -10,15 +10,17 @@ the cost model of docs/design.md with the check's measured cost in place of a on
 step(k + 1) = step(1) and draft(1) = c * step(1) it is that formula). Whether a check of a few tokens costs about
 a step (oneDNN's products, a GPU) or noticeably more (the row-by-row native kernels, whose time grows with the
 rows) is what moves the best k between 3 and 1, so rather than guessing it from the kernels in use
-`measured_schedule` times the pair when a draft model is paired with its model: after a warm-up, the fastest of
+`measured_rounds` times the pair when a draft model is paired with its model: after a warm-up, the fastest of
 `REPEATS` interleaved passes of the model (screened head, as greedy decoding runs it) over 1 to `MAX_ROUND` + 1
 tokens and of the draft over one token, over a window of noise after `CONTEXT` tokens (the speed does not depend
 on what the audio says): some 40 passes, about half a second for `base` on a 2-core CPU. The fastest, not the
 median: this runs once, at load, where another process may hold the cores for part of it, and waiting only ever
 adds time, so the fastest run is the closest to a pass's own cost. `best_rounds` then
-takes the constant k with the most tokens a second at `DRAFT_ACCEPTANCE` (the shortest of those within
-`TOLERANCE`). The choice is kept per (model, draft) and logged at INFO; `--schedule` and `--num-assistant-tokens`
-override it (`TranscribeOptions.drafting`).
+takes the constant k with the most tokens a second at the draft's acceptance (the agreement it reached on its
+held-out recordings, else `DRAFT_ACCEPTANCE`; the shortest of those within `TOLERANCE`), and the speed-up that k
+expects decides whether `--assistant auto` drafts at all (`asr.assist.choose.AUTO_MIN_SPEEDUP`). The choice is
+kept per (model, draft) and logged at INFO; `--schedule` and `--num-assistant-tokens` override it
+(`TranscribeOptions.drafting`).
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Per-token acceptance of a draft model in real decoding: `base-draft:int8` kept 66 % and 73 % of its drafts in
-# rounds of one on long-form and on the 65 English recordings (docs/drafts.md).
+# Per-token acceptance assumed for a draft model whose report has no held-out agreement: the first `base-draft:int8`
+# kept 66 % and 73 % of its drafts in rounds of one on long-form and on the 65 English recordings (docs/drafts.md).
 DRAFT_ACCEPTANCE = 0.7
 # The longest constant round considered.
 MAX_ROUND = 5

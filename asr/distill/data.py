@@ -182,7 +182,7 @@ def label_items(bundle: WhisperBundle, items: Iterator[tuple[str, Callable[[], n
         progress: called with the seconds of audio done after each group of items.
 
     Returns:
-        Counts: items, windows, held-out windows, failed items.
+        Counts of `items`' own (labelled now or by an earlier run): items, windows, held-out windows, failed items.
     """
     from audio import AudioError
 
@@ -191,10 +191,6 @@ def label_items(bundle: WhisperBundle, items: Iterator[tuple[str, Callable[[], n
     labelled = work / "labelled.jsonl"
     done = labelled_items(labelled)
     counts = {"items": 0, "windows": 0, "held_out_windows": 0, "failed": 0}
-    for row in done.values():
-        counts["items"] += 1
-        counts["windows"] += row["windows"]
-        counts["held_out_windows"] += row["windows"] if row["held_out"] else 0
     next_index = sum(1 for _ in windows_dir.glob("*.safetensors"))
     group: list[tuple[str, np.ndarray]] = []
 
@@ -227,7 +223,11 @@ def label_items(bundle: WhisperBundle, items: Iterator[tuple[str, Callable[[], n
         group.clear()
 
     for item_id, load in items:
-        if item_id in done:
+        if item_id in done:  # labelled by an earlier run: counted, not decoded again
+            row = done[item_id]
+            counts["items"] += 1
+            counts["windows"] += row["windows"]
+            counts["held_out_windows"] += row["windows"] if row["held_out"] else 0
             continue
         try:
             samples = load()
