@@ -345,3 +345,16 @@ def test_a_trained_draft_drafts_for_the_offloaded_model(tiny_whisper_folder: Pat
         got = transcribe(offloaded, noise, options, make_assistant(name, offloaded))
         assert got.text == expected.text
         assert got.stats.generation.accepted_tokens == expected.stats.generation.accepted_tokens
+
+
+def test_asr_eval_offloads_the_model_in_every_precision_it_compares(tiny_whisper_folder: Path) -> None:
+    from eval.backends import make_backends
+    from eval.configs import parse_config
+
+    offload = OffloadOptions("disk")
+    bundle = load_model(str(tiny_whisper_folder), offload=offload)
+    configs = [parse_config("greedy"), parse_config("greedy,dtype=bfloat16")]
+    backends, skipped = make_backends(configs, str(tiny_whisper_folder), bundle, device="cpu", dtype=torch.float32,
+                                      threads=1, offload=offload)
+    assert not skipped and backends[0].bundle is bundle
+    assert all(offload_store(b.bundle.model) is not None for b in backends)  # the bfloat16 model too
