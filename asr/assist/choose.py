@@ -29,7 +29,7 @@ from asr.assist.assistants import (
 from asr.assist.rounds import DRAFT_ACCEPTANCE, measured_rounds
 from asr.errors import first_line
 from asr.models.offload import OffloadOptions, offload_store
-from asr.models.precision import Precision, compute_dtype
+from asr.models.precision import Precision, compute_dtype, is_int8_model
 
 if TYPE_CHECKING:
     from asr.models.registry import WhisperBundle
@@ -122,7 +122,9 @@ def _auto(model_bundle: WhisperBundle, *, device: str, dtype: Precision, batched
     """
     device_type = next(model_bundle.model.parameters()).device.type
     chosen = auto_assistant(device_type, model_bundle.source)
-    if chosen == "none" and device_type == "cpu" and not batched:
+    # Not for an int8 model: its steps are cheap enough that the draft made it slower (0.94-0.99x in the matrix
+    # of docs/drafts.md), where the costs measured at load sometimes expected a gain.
+    if chosen == "none" and device_type == "cpu" and not batched and not is_int8_model(model_bundle.model):
         chosen = shipped_draft_for(model_bundle.model) or chosen
     if chosen == "none":
         logger.info("--assistant auto chose none")

@@ -115,6 +115,13 @@ def int8_activations() -> torch.dtype:
 
 
 @torch.no_grad()
+def is_int8_model(model: torch.nn.Module) -> bool:
+    """Whether `model` is an int8 model (`quantize_model`): its decoder layers' products in int8."""
+    from decoding.kernels.int8 import Int8Linear
+
+    return any(isinstance(m, Int8Linear) for m in model.get_decoder().layers.modules())
+
+
 def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     """Makes a float32 Whisper model the int8 model described above (in place); returns it."""
     from asr.models.int8 import quantize_linears
