@@ -261,13 +261,14 @@ def auto_assistant(device_type: str, source: str) -> str:
 OFFLOAD_SCHEDULE = ("constant", 10)
 
 
-def offload_assistants(source: str, device_type: str, model: torch.nn.Module | None = None) -> list[str]:
+def offload_assistants(source: str, device_type: str) -> list[str]:
     """Resident assistants worth trying for a model whose decoder layers are offloaded, best first.
 
     A distil-whisper student that shares the model's encoder where one exists; then, on a CPU, the int8 copy of
-    a shipped draft model trained for `model` (`base-draft:int8`: two layers and a 16k-token head, its steps a
-    fraction of the next one's), then the int8 copy of the model's own decoder (weight-only int8: it agrees
-    with the model on most tokens, at a quarter of the fp32 size). On a GPU a same-size fp16 copy would need the
+    the model's own decoder (weight-only int8: it agrees with the model on most tokens, at a quarter of the fp32
+    size). A shipped draft model (`base-draft:int8`) is not tried: offloaded, in rounds of 10, it was 1.07x plain
+    decoding on the long files where the int8 copy has been 1.7x (docs/drafts.md): a pass costs the same for 1
+    or 10 tokens, so what pays is agreement, not a cheap step. On a GPU a same-size fp16 copy would need the
     memory the offload frees, so there is no such fallback there.
     """
     candidates = []
@@ -275,8 +276,7 @@ def offload_assistants(source: str, device_type: str, model: torch.nn.Module | N
     if student is not None:
         candidates.append(student)
     if device_type == "cpu":
-        draft = shipped_draft_for(model) if model is not None else None
-        candidates += [draft, "self:int8"] if draft else ["self:int8"]
+        candidates.append("self:int8")
     return candidates
 
 
@@ -284,7 +284,7 @@ def _auto_for_offloaded(model_bundle: WhisperBundle, *, device: str, dtype: torc
     """`--assistant auto` for an offloaded model: the first resident assistant of `offload_assistants` that
     loads and shares the model's encoder, drafting OFFLOAD_SCHEDULE; None when there is none."""
     device_type = next(model_bundle.model.parameters()).device.type
-    for name in offload_assistants(model_bundle.source, device_type, model_bundle.model):
+    for name in offload_assistants(model_bundle.source, device_type):
         try:
             assistant = make_assistant(name, model_bundle, device=device, dtype=dtype)
         except ValueError as error:
