@@ -173,13 +173,12 @@ def shipped_drafts() -> dict[str, Path]:
 
 
 def shipped_draft_for(model: torch.nn.Module) -> str | None:
-    """The int8 copy of a shipped draft model trained for `model` (`base-draft:int8` for `base`), or None.
+    """The int8 copy of a shipped draft model trained for `model` (`base-draft:int8` for `base`), or None; a
+    shipped draft that cannot be read (damaged, a future format) is one warning and None.
 
     `auto` drafts with it on a CPU where no distil-whisper student exists, in constant rounds of the length
-    measured best for the pair (`asr.assist.rounds`). Over oneDNN's steps, in constant rounds of 3, it was faster
-    than plain greedy with the same words on every set measured (docs/drafts.md: 1.07x-1.25x on the sonnets and VoxPopuli, 1.15x on the 65 English WER recordings); over
-    `decoding.kernels.native`'s, in rounds of 1 and with its own int8 products native, 1.11x and 1.03x (decoder 1.16x
-    and 1.15x).
+    measured best for the pair (`asr.assist.rounds`), where those costs expect it to pay (docs/drafts.md has
+    how it compares with plain decoding in every mode).
     """
     from asr.assist.draft_model import DraftMismatch, check_draft
 
