@@ -265,9 +265,9 @@ def offload_assistants(source: str, device_type: str) -> list[str]:
 
     A distil-whisper student that shares the model's encoder where one exists; then, on a CPU, the int8 copy of
     the model's own decoder (weight-only int8: it agrees with the model on most tokens, at a quarter of the fp32
-    size). A shipped draft model (`base-draft:int8`) is not tried: offloaded, in rounds of 10, it was 1.07x plain
-    decoding on the long files where the int8 copy has been 1.7x (docs/drafts.md): a pass costs the same for 1
-    or 10 tokens, so what pays is agreement, not a cheap step. On a GPU a same-size fp16 copy would need the
+    size). A shipped draft model (`base-draft:int8`) is not tried: offloaded, in rounds of 10, it was 1.20x and
+    1.07x plain decoding on short and long recordings where the int8 copy was 1.45x and 1.98x (docs/drafts.md):
+    a pass costs the same for 1 or 10 tokens, so what pays is agreement, not a cheap step. On a GPU a same-size fp16 copy would need the
     memory the offload frees, so there is no such fallback there.
     """
     candidates = []
