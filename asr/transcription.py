@@ -50,7 +50,7 @@ from asr.whisper.window import (
     split_segments,
 )
 from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
-from audio.features import recording_floor
+from audio.features import margins, recording_floor
 from audio.vad import speech_regions
 from decoding import DraftSource, LogitsFilter
 
@@ -380,7 +380,8 @@ class WindowDecoder:
         # 1. Encode the windows once, for the model and (when it shares the encoder) the assistant; languages.
         t = time.perf_counter()
         features = log_mel([audio.window for audio in batch], bundle.n_mels,
-                           floors=[audio.floor(bundle.n_mels) for audio in batch])
+                           floors=[audio.floor(bundle.n_mels) for audio in batch],
+                           around=[audio.window_margins for audio in batch])
         encoder_output = encode(bundle.model, features)
         if len(batch) > 1 or assistant is not None or self.settings.beam_size > 1:
             pack_for_rows(bundle.model)  # passes of several rows from here on
@@ -559,6 +560,12 @@ class AudioProgress:
         if self.options.clip_timestamps:  # openai-whisper: no audio past the clip's end
             end = min(end, self.clips[self.clip_index][1] * HOP_LENGTH)
         return self.samples[self.seek * HOP_LENGTH: end]
+
+    @property
+    def window_margins(self) -> tuple[np.ndarray, np.ndarray]:
+        """The recording's samples just around the current window, which its edge frames reach into."""
+        start = self.seek * HOP_LENGTH
+        return margins(self.samples, start, start + len(self.window))
 
     def next_window(self) -> bool:
         """Moves to the next window worth decoding (silent ones are skipped); False when the audio is done."""

@@ -6,6 +6,8 @@
   `assistant_model`, on the same loaded model (the baseline to beat).
 - `eval.ctranslate2_backend.FasterWhisperBackend`: CTranslate2 through faster-whisper, greedy (beam 1), as an
   outside speed anchor, in a process of its own.
+- `eval.openai_whisper_backend.OpenAIWhisperBackend`: openai-whisper's own `transcribe()` on the same weights, the
+  referee of Whisper's rules.
 
 A backend that cannot run here raises `BackendUnavailable` when it is built, so the run skips it with a reason.
 What every backend returns and the interface they share live in `eval.decoded`, which both this module and
@@ -280,6 +282,16 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: WhisperBun
                         bundles[config.assistant] = load_model(config.assistant, device=device, dtype=dtype)
                     assistant_bundle = bundles[config.assistant]
                 backends.append(TransformersBackend(config, bundle, assistant_bundle))
+            elif config.kind == "openai-whisper":
+                import torch
+
+                from eval.openai_whisper_backend import OpenAIWhisperBackend
+
+                # openai-whisper computes in float32 (its `fp16=False`): the float32 weights, whatever the run's.
+                form = (torch.float32, False)
+                if form not in models:
+                    models[form] = load_model(model_name, device=device, dtype=torch.float32, offload=offload)
+                backends.append(OpenAIWhisperBackend(config, models[form], device))
             else:
                 backends.append(FasterWhisperBackend(config, model_name, device, threads))
         except BackendUnavailable as reason:

@@ -10,6 +10,8 @@
     transformers-assisted:NAME[,k=..]       transformers' `generate(assistant_model=...)`: the baseline to beat
     faster-whisper[,compute_type=..][,batched=N][,beam=N]  CTranslate2, when installed: the outside speed anchor
                                             (beam=N: its beam search with N beams; default 1, greedy)
+    openai-whisper[,beam=N][,temperature=T] openai-whisper's own `transcribe()` on the same weights, when
+                                            installed: the referee of Whisper's rules (docs/parity.md)
 
 Options: `dtype=float32|bfloat16|float16|int8` (this library's kinds: the model in that precision, as
 `asr transcribe --dtype`; default: the run's `--dtype`), `kernels=aten|onednn|full-head` (this library's kinds: PyTorch's
@@ -27,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-KINDS = ("greedy", "assisted", "batched", "beam", "transformers", "transformers-assisted", "faster-whisper")
+KINDS = ("greedy", "assisted", "batched", "beam", "transformers", "transformers-assisted", "faster-whisper",
+         "openai-whisper")
 # Kinds that need an assistant NAME after the colon.
 ASSISTED_KINDS = frozenset({"assisted", "transformers-assisted"})
 # Options each kind accepts.
@@ -39,6 +42,7 @@ OPTIONS = {
     "transformers": (),
     "transformers-assisted": ("schedule", "k"),
     "faster-whisper": ("compute_type", "batched", "beam"),
+    "openai-whisper": ("beam", "temperature"),
 }
 # Values of the kernels option.
 KERNELS = ("aten", "onednn", "full-head")
@@ -76,7 +80,7 @@ class EvalConfig:
     # `onednn`: oneDNN's products only, no `decoding.kernels.native` (`onednn_only`); `full-head`: no bfloat16 screen
     # of a float32 head (`full_head`); None: this library's defaults.
     kernels: str | None = None
-    # Beam search (beam kind; beam_size also faster-whisper's): beams at temperature 0, samples per fallback
+    # Beam search (beam kind; beam_size also faster-whisper's and openai-whisper's): beams at temperature 0, samples per fallback
     # temperature, patience.
     beam_size: int | None = None
     best_of: int | None = None
@@ -127,7 +131,7 @@ def parse_config(text: str) -> EvalConfig:
         if key in options:
             raise ValueError(f"configuration {name!r}: option {key!r} given twice")
         options[key] = value
-    if kind == "faster-whisper":
+    if kind in ("faster-whisper", "openai-whisper"):
         batch_size = _positive_int(options.get("batched"), "batched", name)
         beam_size = _positive_int(options.get("beam"), "beam", name)
     from asr.constants import DTYPES

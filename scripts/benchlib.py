@@ -113,9 +113,10 @@ def sonnets_reference() -> str:
     return " ".join(rows[name]["text_body"] for name in SONNETS)
 
 
-def wer_items(folders: Iterable[str], max_seconds: float | None = None, language: str = "en",
+def wer_items(folders: Iterable[str], max_seconds: float | None = None, language: str | None = "en",
               skip_missing: bool = False) -> list[dict]:
-    """The recordings fit for WER (`eval_use == "wer"`) in `language`, folder by folder, in manifest order.
+    """The recordings fit for WER (`eval_use == "wer"`) in `language` (None: every language), folder by folder,
+    in manifest order.
 
     Each item: id (`FOLDER/FILE`), audio (an absolute path), text, language, subset (the folder), duration_s.
     `max_seconds` leaves out longer recordings; `skip_missing` leaves out (with a note) folders without a
@@ -129,12 +130,12 @@ def wer_items(folders: Iterable[str], max_seconds: float | None = None, language
             continue
         for line in manifest.read_text(encoding="utf-8").splitlines():
             row = json.loads(line) if line.strip() else None
-            if not row or row.get("language") != language or row.get("eval_use") != "wer":
+            if not row or row.get("eval_use") != "wer" or language not in (None, row.get("language")):
                 continue
             if max_seconds is not None and row["duration_s"] > max_seconds:
                 continue
             items.append({"id": f"{folder}/{row['audio']}", "audio": str(EVALDATA / folder / row["audio"]),
-                          "text": row["text"], "language": language, "subset": folder,
+                          "text": row["text"], "language": row.get("language"), "subset": folder,
                           "duration_s": row.get("duration_s")})
     return items
 

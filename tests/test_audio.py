@@ -26,7 +26,7 @@ from audio import (
     pad_or_trim,
     recording_floor,
 )
-from audio.features import _extractor
+from audio.features import _extractor, margins
 
 REPO = Path(__file__).resolve().parents[1]
 EVALDATA = REPO.parent / "shared" / "evaldata"
@@ -246,10 +246,38 @@ def test_log_mel_shape(n_mels: int) -> None:
     assert torch.isfinite(batch).all()
 
 
-def test_log_mel_matches_the_extractor_padding_itself() -> None:
-    audio = np.random.default_rng(1).standard_normal(7 * SAMPLE_RATE).astype(np.float32) * 0.1
-    expected = _extractor(80)(audio, sampling_rate=SAMPLE_RATE, return_tensors="np")["input_features"]
-    torch.testing.assert_close(log_mel(audio), torch.from_numpy(expected))
+def test_log_mel_pads_a_short_clip_with_zero_features_as_openai_whisper_decodes_it() -> None:
+    """openai-whisper pads a window's features with 0 past the audio (`pad_or_trim` of the sliced spectrogram);
+    the spectrogram of padded silence (transformers' extractor, and openai-whisper's language detection) lies
+    near the floor instead, and the model hears the difference (docs/parity.md)."""
+    audio = np.random.default_rng(1).standard_normal(7 * SAMPLE_RATE + 77).astype(np.float32) * 0.1
+    silence_padded = _extractor(80)(audio, sampling_rate=SAMPLE_RATE, return_tensors="np")["input_features"]
+    torch.testing.assert_close(log_mel(audio, pad_with_silence=True), torch.from_numpy(silence_padded))
+    features = log_mel(audio)
+    frames = len(audio) // HOP_LENGTH
+    torch.testing.assert_close(features[..., :frames], torch.from_numpy(silence_padded[..., :frames]))
+    assert (features[..., frames:] == 0).all()
+    assert float(silence_padded[..., frames + 2:].max()) < -0.5
+
+
+def test_log_mel_matches_openai_whisper_on_every_window() -> None:
+    whisper = pytest.importorskip("whisper")
+    audio = _loud_then_quiet(75)
+    floor = recording_floor(audio)
+    whole = whisper.log_mel_spectrogram(torch.from_numpy(audio), 80, padding=N_SAMPLES)
+    content = whole.shape[-1] - N_FRAMES
+    for seek in (0, 1, 1234, 6000):
+        size = min(N_FRAMES, content - seek)
+        expected = whisper.pad_or_trim(whole[:, seek:seek + size], N_FRAMES)
+        start, end = seek * HOP_LENGTH, min(len(audio), seek * HOP_LENGTH + N_SAMPLES)
+        window = log_mel([audio[start:end]], floors=[floor], around=[margins(audio, start, end)])[0]
+        torch.testing.assert_close(window, expected, rtol=0, atol=1e-5)
+    short = audio[:5 * SAMPLE_RATE + 3]
+    mel = whisper.log_mel_spectrogram(torch.from_numpy(short), 80, padding=N_SAMPLES)
+    torch.testing.assert_close(log_mel(short)[0], whisper.pad_or_trim(mel[:, :len(short) // HOP_LENGTH], N_FRAMES),
+                               rtol=0, atol=1e-5)
+    # Language detection sees the first 30 s of the padded file's spectrogram.
+    torch.testing.assert_close(log_mel(short, pad_with_silence=True)[0], mel[:, :N_FRAMES], rtol=0, atol=1e-5)
 
 
 def _loud_then_quiet(seconds: int = 75) -> np.ndarray:
@@ -273,9 +301,13 @@ def test_a_window_cut_from_a_recording_is_normalised_as_the_whole_files_spectrog
     normalised = log_mel([audio[start:]], floors=[floor])[0]
     assert float(own.min()) < floor - 0.2
     assert float(normalised.min()) == pytest.approx(floor)
-    # Away from the window's edges (whose STFT frames see padding), the whole file's features.
+    # Away from the window's edges (whose STFT frames see padding), the whole file's features; at its edges too
+    # when the frames there are given the recording around the window.
     frames = 15 * FRAMES_PER_SECOND - 2
     torch.testing.assert_close(normalised[:, 2:frames], torch.from_numpy(whole[:, 6002:6000 + frames]),
+                               rtol=1e-4, atol=1e-4)
+    framed = log_mel([audio[start:]], floors=[floor], around=[margins(audio, start, len(audio))])[0]
+    torch.testing.assert_close(framed[:, :frames], torch.from_numpy(whole[:, 6000:6000 + frames]),
                                rtol=1e-4, atol=1e-4)
     # A loud window is its own: the recording's floor is its floor.
     torch.testing.assert_close(log_mel([audio[:N_SAMPLES]], floors=[floor]), log_mel(audio[:N_SAMPLES]))

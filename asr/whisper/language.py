@@ -11,6 +11,7 @@ import torch
 from asr.whisper.decoder import WhisperDecoderAdapter
 from asr.whisper.window import encode
 from audio import N_SAMPLES, log_mel
+from audio.features import margins
 
 if TYPE_CHECKING:
     from asr.models.registry import WhisperBundle
@@ -107,7 +108,9 @@ def detect_language(bundle: WhisperBundle, samples: np.ndarray, segments: int = 
     starts = range(0, max(len(samples), 1), N_SAMPLES)
     seen: list[dict[str, float]] = []
     for start in list(starts)[:segments]:
-        features = log_mel([samples[start:start + N_SAMPLES]], bundle.n_mels, floors=[floor])
+        end = min(start + N_SAMPLES, len(samples))
+        features = log_mel([samples[start:end]], bundle.n_mels, floors=[floor], pad_with_silence=True,
+                           around=[margins(samples, start, end)])
         decoder = WhisperDecoderAdapter(bundle.model, encode(bundle.model, features))
         (language, probs), = detect_languages(decoder, bundle.special)
         if probs[language] > threshold:
