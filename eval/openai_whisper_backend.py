@@ -64,12 +64,16 @@ def openai_whisper_model(bundle: WhisperBundle) -> Any:
     """openai-whisper's `Whisper` on the bundle's weights, in float32 on the CPU, with the model's alignment heads.
 
     Raises:
-        BackendUnavailable: openai-whisper is not installed.
+        BackendUnavailable: openai-whisper is not installed, or cannot build this architecture.
     """
     try:
         from whisper.model import ModelDimensions, Whisper
     except ImportError:
         raise BackendUnavailable(f"the openai-whisper package is not installed ({INSTALL_HINT})") from None
+    config = bundle.model.config
+    if config.encoder_ffn_dim != 4 * config.d_model or config.decoder_ffn_dim != 4 * config.d_model:
+        raise BackendUnavailable(f"openai-whisper builds feed-forward layers 4 x d_model wide; {bundle.name}'s are "
+                                 f"{config.encoder_ffn_dim} and {config.decoder_ffn_dim} for d_model {config.d_model}")
     checkpoint = openai_whisper_checkpoint(bundle)
     model = Whisper(ModelDimensions(**checkpoint["dims"]))
     model.load_state_dict(checkpoint["model_state_dict"])

@@ -112,15 +112,18 @@ class Referee:
         """Each implementation's normalised log-mel features of the window at `seek` (frames), and how many of
         its frames are audio (the rest is padding)."""
         from audio.constants import HOP_LENGTH, N_FRAMES, N_SAMPLES
-        from audio.features import log_mel, recording_floor
+        from audio.features import log_mel, margins, recording_floor
 
         whisper, n_mels = self.whisper, self.bundle.n_mels
         mel = whisper.log_mel_spectrogram(torch.from_numpy(samples), n_mels, padding=N_SAMPLES)
         content = mel.shape[-1] - N_FRAMES
         size = min(N_FRAMES, content - seek)
         out = {"openai": whisper.pad_or_trim(mel[:, seek:seek + size], N_FRAMES)}
-        window = samples[seek * HOP_LENGTH: seek * HOP_LENGTH + N_SAMPLES]
-        out["ours"] = log_mel([window], n_mels, floors=[recording_floor(samples, n_mels)])[0]
+        start = seek * HOP_LENGTH
+        window = samples[start:start + N_SAMPLES]
+        # As `asr.transcription` computes a window's features.
+        out["ours"] = log_mel([window], n_mels, floors=[recording_floor(samples, n_mels)],
+                              around=[margins(samples, start, start + len(window))])[0]
         if self.fw is not None:
             from faster_whisper.audio import pad_or_trim
 
@@ -214,10 +217,17 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def _commit() -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "(unknown)"
+
+
 def write_markdown(path: Path, rows: list[dict], totals: dict, args: argparse.Namespace) -> None:
     names = list(totals["wer"])
     lines = [f"# Referee: {', '.join(args.set)} ({totals['items']} items, `{args.model}`, temperature 0, greedy)", "",
-             "Written by `python scripts/referee.py " + " ".join(sys.argv[1:]) + "`.", "",
+             "Written by `python scripts/referee.py " + " ".join(sys.argv[1:]) + f"` at commit {_commit()}.", "",
              "| implementation | WER % | texts identical to openai-whisper's |", "| --- | --- | --- |"]
     for name in names:
         same = totals["identical_to_openai"].get(name)

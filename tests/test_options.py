@@ -259,9 +259,9 @@ def test_cli_detect_language_reads_a_long_recording_as_transcribing_it_does(tiny
     seen = []
     log_mel = asr.whisper.language.log_mel
 
-    def spy(clips, n_mels, floors=None):
+    def spy(clips, n_mels, floors=None, **options):
         seen.extend(floors or [None])
-        return log_mel(clips, n_mels, floors=floors)
+        return log_mel(clips, n_mels, floors=floors, **options)
 
     monkeypatch.setattr(asr.whisper.language, "log_mel", spy)
     result = CliRunner().invoke(main, ["transcribe", str(path), "--model", str(tiny_folder), "--detect-language",

@@ -201,9 +201,9 @@ def test_every_window_of_a_long_recording_is_normalised_as_the_whole_file(model,
     calls = []
     log_mel = asr.transcription.log_mel
 
-    def recording(clips, n_mels, floors=None):
+    def recording(clips, n_mels, floors=None, **options):
         calls.append(list(floors))
-        return log_mel(clips, n_mels, floors=floors)
+        return log_mel(clips, n_mels, floors=floors, **options)
 
     monkeypatch.setattr(asr.transcription, "log_mel", recording)
     long, short = synthetic(3), synthetic(0)
