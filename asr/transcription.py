@@ -541,6 +541,8 @@ class AudioProgress:
     def floor(self, n_mels: int) -> float | None:
         """The floor of this audio's features (`audio.recording_floor`), computed once: its windows are
         normalised as openai-whisper normalises the whole file's spectrogram."""
+        if self.seek == 0 and len(self.samples) <= N_SAMPLES:
+            return None  # the window holds the whole recording: its own floor is the recording's
         if n_mels not in self._floors:
             self._floors[n_mels] = recording_floor(self.samples, n_mels)
         return self._floors[n_mels]

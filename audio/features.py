@@ -138,10 +138,11 @@ def recording_floor(samples: np.ndarray, n_mels: int = 80, windows_at_once: int 
     log-mel spectrogram of the whole file is clamped at its largest value less 8 (log10 units), where a window's
     own spectrogram is clamped at the window's largest. Given to `log_mel` for windows cut from the recording,
     it keeps a quiet window (a last fraction of a second, a pause) at the file's silence level instead of
-    stretching its noise over the whole range. Computed over 30 s pieces, `windows_at_once` at a time (memory
-    stays bounded); None for a recording of one window, whose own floor it is.
+    stretching its noise over the whole range; so does a window that starts late in a recording shorter than
+    30 s (its last seconds, after a first window ended early). Computed over 30 s pieces, `windows_at_once` at a
+    time (memory stays bounded); None for no samples.
     """
-    if len(samples) <= N_SAMPLES:
+    if len(samples) == 0:
         return None
     peak = -np.inf
     step = N_SAMPLES * windows_at_once

@@ -28,8 +28,8 @@ VOICE = "en-us"
 WORDS_PER_MINUTE = 140
 PADDING_S = 0.25  # silence either side, so no word starts at the window's first frame
 
-# (file name, text): short, clear sentences that Whisper base transcribes exactly in this voice (the numbers
-# one after Whisper's English normaliser: base writes "23 apples ... $9"). espeak-ng's "jumps" in "The quick
+# (file name, text): short, clear sentences, chosen when Whisper base transcribed them exactly in this voice
+# (since features follow openai-whisper's, base hears "$1" for "nine dollars": samples/README.md). espeak-ng's "jumps" in "The quick
 # brown fox jumps over the lazy dog." comes out as "jump" at every rate tried, so that pangram is not used.
 CLIPS = (
     ("park.flac", "The sun was shining and the children were playing in the park."),

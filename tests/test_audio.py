@@ -276,6 +276,17 @@ def test_log_mel_matches_openai_whisper_on_every_window() -> None:
     mel = whisper.log_mel_spectrogram(torch.from_numpy(short), 80, padding=N_SAMPLES)
     torch.testing.assert_close(log_mel(short)[0], whisper.pad_or_trim(mel[:, :len(short) // HOP_LENGTH], N_FRAMES),
                                rtol=0, atol=1e-5)
+    # A window that starts late in a recording shorter than 30 s is clamped at the recording's floor too.
+    short = _loud_then_quiet(28)
+    mel = whisper.log_mel_spectrogram(torch.from_numpy(short), 80, padding=N_SAMPLES)
+    seek = 2200
+    start = seek * HOP_LENGTH
+    window = log_mel([short[start:]], floors=[recording_floor(short)], around=[margins(short, start, len(short))])
+    expected = whisper.pad_or_trim(mel[:, seek:len(short) // HOP_LENGTH], N_FRAMES)
+    torch.testing.assert_close(window[0], expected, rtol=0, atol=1e-5)
+    assert float((log_mel(short[start:])[0] - expected).abs().max()) > 0.1  # its own floor is another
+    short = audio[:5 * SAMPLE_RATE + 3]
+    mel = whisper.log_mel_spectrogram(torch.from_numpy(short), 80, padding=N_SAMPLES)
     # Language detection sees the first 30 s of the padded file's spectrogram.
     torch.testing.assert_close(log_mel(short, pad_with_silence=True)[0], mel[:, :N_FRAMES], rtol=0, atol=1e-5)
 
@@ -313,8 +324,9 @@ def test_a_window_cut_from_a_recording_is_normalised_as_the_whole_files_spectrog
     torch.testing.assert_close(log_mel([audio[:N_SAMPLES]], floors=[floor]), log_mel(audio[:N_SAMPLES]))
 
 
-def test_a_recording_of_one_window_has_no_floor_of_its_own() -> None:
-    assert recording_floor(_loud_then_quiet(30)) is None
+def test_the_floor_of_a_recording_of_one_window_is_its_windows() -> None:
+    audio = _loud_then_quiet(30)
+    assert recording_floor(audio) == pytest.approx(float(log_mel(audio).min()), abs=1e-6)
     assert recording_floor(np.zeros(0, dtype=np.float32)) is None
     # Pieces taken a few at a time give the floor of all at once.
     audio = _loud_then_quiet(100)
