@@ -541,7 +541,7 @@ class AudioProgress:
     def floor(self, n_mels: int) -> float | None:
         """The floor of this audio's features (`audio.recording_floor`), computed once: its windows are
         normalised as openai-whisper normalises the whole file's spectrogram."""
-        if self.seek == 0 and len(self.samples) <= N_SAMPLES:
+        if self.seek == 0 and len(self.window) == len(self.samples):
             return None  # the window holds the whole recording: its own floor is the recording's
         if n_mels not in self._floors:
             self._floors[n_mels] = recording_floor(self.samples, n_mels)
@@ -576,6 +576,10 @@ class AudioProgress:
             self.seek = max(self.seek, clip_start)
             if self.seek >= clip_end:
                 self.clip_index += 1
+                if self.clip_index < len(self.clips):
+                    # openai-whisper: the next clip starts at its own start, even where the last window's
+                    # timestamps reached past it.
+                    self.seek = self.clips[self.clip_index][0]
                 continue
             self.segment_size = min(N_FRAMES, self.content_frames - self.seek, clip_end - self.seek)
             if not _is_silent(self.window[: self.segment_size * HOP_LENGTH], self.options.silence_threshold_db):

@@ -106,3 +106,45 @@ def test_greedy_gives_openai_whispers_words_on_real_speech(base, base_referee, n
     assert ours.text.strip() == referee["text"].strip()
     assert [s.tokens for s in ours.segments] == [s["tokens"] for s in referee["segments"]]
 
+
+
+def _noise_and_tone(seconds: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * 16000)) / 16000
+    return (rng.normal(0, 0.05, t.size) + 0.3 * np.sin(2 * np.pi * rng.uniform(100, 1000) * t)).astype(np.float32)
+
+
+# (seconds, options): one window, two windows, clips (a window's timestamps may overshoot the next clip's start),
+# prompts, no previous text, no timestamps, word timestamps and the hallucination check.
+RULE_CASES = [
+    (7, {}), (37, {}), (6, {"clip_timestamps": (0.0, 2.0, 2.5)}), (12, {"clip_timestamps": (1.0, 4.0, 4.2, 9.0)}),
+    (9, {"initial_prompt": " Hello there."}), (8, {"without_timestamps": True}),
+    (45, {"initial_prompt": " Hello there.", "carry_initial_prompt": True}),
+    (40, {"condition_on_previous_text": False}), (10, {"word_timestamps": True}),
+    (33, {"word_timestamps": True, "hallucination_silence_threshold": 1.0}),
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("case", range(len(RULE_CASES)))
+def test_a_random_model_decodes_as_openai_whisper_decodes_it(tiny_bundle, seed: int, case: int) -> None:
+    """Whatever a model says, the rules that turn it into windows and segments are openai-whisper's: the same
+    tokens and seeks, window by window (a random model's ties are far apart, so rounding cannot part them)."""
+    from asr.options import TranscribeOptions
+    from asr.transcription import transcribe
+    from eval.openai_whisper_backend import openai_whisper_model
+
+    seconds, options = RULE_CASES[case]
+    samples = _noise_and_tone(seconds, seed)
+    theirs = whisper.transcribe(openai_whisper_model(tiny_bundle), samples, language="en", temperature=0.0,
+                                fp16=False, verbose=None,
+                                **{k: (",".join(map(str, v)) if k == "clip_timestamps" else v)
+                                   for k, v in options.items()})
+    ours_options = dict(options)
+    if ours_options.pop("without_timestamps", False):
+        ours_options["timestamps"] = False
+    ours = transcribe(tiny_bundle, samples, TranscribeOptions(language="en", temperatures=(0.0,), **ours_options))
+    assert [(s.seek, s.tokens) for s in ours.segments] == [(s["seek"], s["tokens"]) for s in theirs["segments"]]
+    if options.get("word_timestamps"):
+        assert [w.word for s in ours.segments for w in s.words] == [w["word"] for s in theirs["segments"]
+                                                                     for w in s["words"]]

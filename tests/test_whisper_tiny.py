@@ -192,7 +192,7 @@ def test_word_timestamps_hold_the_segments_words(scripted) -> None:
     assert all(segment.start <= w.start <= w.end <= segment.end for w in segment.words)
 
 
-def test_every_window_of_a_long_recording_is_normalised_as_the_whole_file(model, monkeypatch) -> None:
+def test_every_window_of_a_long_recording_is_normalised_as_the_whole_file(model, scripted, monkeypatch) -> None:
     """The sequential algorithm gives each window its recording's floor (`audio.recording_floor`, openai-whisper's
     whole-file clamp), computed once per recording; a recording of one window keeps its own."""
     import asr.transcription
@@ -213,3 +213,8 @@ def test_every_window_of_a_long_recording_is_normalised_as_the_whole_file(model,
     assert floor is not None
     given = sorted((f for c in calls for f in c), key=lambda f: f is None)
     assert len(given) >= 3 and given == [floor] * (len(given) - 1) + [None]  # the long one's windows, the short one
+    # A window that holds part of a short recording only (here a clip of it) gets the recording's floor too.
+    calls.clear()
+    result = transcribe_many(scripted, [short], dataclasses.replace(GREEDY, clip_timestamps=(0.0, 2.0, 2.5)))
+    assert [s.seek for s in result[0].segments] == [0, 250]
+    assert [c[0] for c in calls] == [recording_floor(short)] * 2

@@ -258,16 +258,19 @@ def split_segments(result: WindowResult, special: SpecialTokens, seek: int, segm
     single_timestamp_ending = is_timestamp[-2:] == [False, True]
     consecutive = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
 
-    # The model may place a timestamp past the audio in the last window: times stay inside the window's audio.
+    # The model may place a timestamp past the audio in the last window: times stay inside the window's audio
+    # (openai-whisper lets them run past it), the words are kept as openai-whisper keeps them.
     window_end = time_offset + segment_duration
 
-    def make(start: float, end: float, seg_tokens: list[int]) -> Segment:
+    def make(start: float, end: float, seg_tokens: list[int]) -> Segment | None:
         text = decode_text([t for t in seg_tokens if t < eot])
+        if start == end or not text.strip():
+            return None  # an instantaneous segment or one without text carries no words
         start, end = min(start, window_end), min(end, window_end)
         return Segment(0, seek, round(start, 3), round(end, 3), text, seg_tokens, result.temperature,
                        result.avg_logprob, result.compression_ratio, result.no_speech_prob)
 
-    segments: list[Segment] = []
+    segments: list[Segment | None] = []
     if consecutive:
         slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
         last = 0
@@ -289,10 +292,4 @@ def split_segments(result: WindowResult, special: SpecialTokens, seek: int, segm
             duration = (timestamps[-1] - timestamp_begin) * TIME_PRECISION
         segments.append(make(time_offset, time_offset + duration, tokens))
         advance = segment_size
-    # An instantaneous segment or one without text carries no words.
-    kept = []
-    for segment in segments:
-        if segment.start == segment.end or not segment.text.strip():
-            continue
-        kept.append(segment)
-    return kept, advance
+    return [segment for segment in segments if segment is not None], advance
