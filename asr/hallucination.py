@@ -49,7 +49,7 @@ def _next_words_segment(segments: list[Segment]) -> Segment | None:
     return next((s for s in segments if s.words), None)
 
 
-def _last_word_end(segments: list[Segment]) -> float | None:
+def last_word_end(segments: list[Segment]) -> float | None:
     return next((w.end for s in reversed(segments) for w in reversed(s.words or [])), None)
 
 
@@ -77,10 +77,10 @@ def skip_hallucinations(item: WindowPlace, result: WindowResult, segments: list[
     single_timestamp_ending = len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
     new_seek = seek + advance
     if not single_timestamp_ending:
-        last_word_end = _last_word_end(segments)
-        if last_word_end is not None and last_word_end > time_offset:
-            remaining = window_end_time - last_word_end
-            new_seek = round(last_word_end * FRAMES_PER_SECOND) if remaining > threshold else seek + segment_size
+        word_end = last_word_end(segments)
+        if word_end is not None and word_end > time_offset:
+            remaining = window_end_time - word_end
+            new_seek = round(word_end * FRAMES_PER_SECOND) if remaining > threshold else seek + segment_size
 
     # A first segment that may be hallucinated: skip the silence before it, and decode from there again.
     first = _next_words_segment(segments)
@@ -109,7 +109,7 @@ def skip_hallucinations(item: WindowPlace, result: WindowResult, segments: list[
                 break
         hal_last_end = segment.end
 
-    last_word_end = _last_word_end(segments)
-    if last_word_end is not None:
-        item.last_speech_timestamp = last_word_end
+    word_end = last_word_end(segments)
+    if word_end is not None:
+        item.last_speech_timestamp = word_end
     return segments, new_seek - seek

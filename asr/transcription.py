@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from asr.hallucination import skip_hallucinations
+from asr.hallucination import last_word_end, skip_hallucinations
 from asr.models.precision import pack_for_rows
 from asr.options import TranscribeOptions, check_for_model, prompt_room, prompt_texts, seek_clips
 from asr.results import Segment, Transcript, TranscriptionStats
@@ -46,10 +46,12 @@ from asr.whisper.window import (
     WindowSettings,
     decode_windows,
     encode,
+    ends_on_single_timestamp,
+    kept_segments,
     no_speech_skip,
     split_segments,
 )
-from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
+from audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
 from audio.features import margins, recording_floor
 from audio.vad import speech_regions
 from decoding import DraftSource, LogitsFilter
@@ -483,6 +485,7 @@ class WindowDecoder:
         if window.forced:
             result = replace(result, tokens=window.forced + result.tokens)
         segments, advance = split_segments(result, special, audio.seek, audio.segment_size, self.decode_text)
+        time_offset = audio.seek * HOP_LENGTH / SAMPLE_RATE
         if options.multilingual:
             for segment in segments:
                 segment.language = audio.window_language
@@ -494,17 +497,29 @@ class WindowDecoder:
                               if t != special.no_timestamps]
             start_sequence.append(special.no_timestamps)
             add_word_timestamps(segments, self.bundle, encoder_output, start_sequence, audio.segment_size,
-                                audio.seek * HOP_LENGTH / SAMPLE_RATE, audio.window_language or audio.language)
+                                time_offset, audio.window_language or audio.language, audio.last_speech_timestamp)
             audio.stats.decode_seconds += time.perf_counter() - t
+            if audio.resumes_at_last_word and not ends_on_single_timestamp(result.tokens, special.timestamp_begin):
+                # openai-whisper: the next window starts at the last word's end, not the last timestamp.
+                end = last_word_end(segments)
+                if end is not None and end > time_offset:
+                    advance = round(end * FRAMES_PER_SECOND) - audio.seek
             if options.hallucination_silence_threshold is not None:
                 segments, advance = skip_hallucinations(audio, result, segments, advance, special.timestamp_begin)
-        audio.consume(segments, advance, result.temperature)
+            end = last_word_end(segments)
+            if end is not None:
+                audio.last_speech_timestamp = end
+        window_end = time_offset + audio.segment_size * HOP_LENGTH / SAMPLE_RATE
+        audio.consume(kept_segments(segments, window_end), advance, result.temperature)
 
 
 # 4. One audio's state, and a recording's chunks on the batched path.
 class AudioProgress:
     """One audio's progress through its windows: where it is (clips and silence skipped), its previous text, its
     segments and statistics."""
+
+    # With word timestamps, the next window starts at the last word's end (openai-whisper's loop).
+    resumes_at_last_word = True
 
     def __init__(self, index: int, samples: np.ndarray, language: str | None, options: TranscribeOptions,
                  initial_prompt: list[int], speech_map: SpeechMap | None = None, name: str | None = None) -> None:
@@ -634,6 +649,9 @@ class ChunkProgress(AudioProgress):
     Text carried from one chunk to the next would make the chunks sequential again (faster-whisper and
     WhisperX decode each chunk alone too).
     """
+
+    # A chunk is decoded as one window, as faster-whisper's batched pipeline decodes it, word timestamps or not.
+    resumes_at_last_word = False
 
     def __init__(self, recording: ChunkedRecording, chunk_index: int, chunk: Chunk, options: TranscribeOptions,
                  initial_prompt: list[int]) -> None:

@@ -12,6 +12,7 @@ from asr.whisper.window import (
     FallbackRules,
     WindowResult,
     compression_ratio,
+    kept_segments,
     no_speech_skip,
     split_segments,
 )
@@ -130,17 +131,20 @@ def test_without_timestamps_the_segment_spans_the_window() -> None:
     assert spans(split([100, 1, 2])[0]) == [(0.0, 30.0, " w1 w2", [100, 1, 2])]  # only <0.00>: the whole window
 
 
-def test_times_past_the_audio_stop_at_the_windows_end() -> None:
+def test_times_past_the_audio_stop_at_the_windows_end_and_their_words_stay() -> None:
     # The last window holds 2 s of audio, but the model put its timestamps at 3 s and 4 s.
     segments, advance = split([100, 1, 250, 250, 2, 300], seek=6000, segment_size=200)
-    assert [(s.start, s.end) for s in segments] == [(60.0, 62.0)]  # the second segment became instantaneous
+    assert [(s.start, s.end) for s in segments] == [(60.0, 63.0), (63.0, 64.0)]  # openai-whisper's times
     assert advance == 200
+    kept = kept_segments(segments, window_end=62.0)
+    assert [(s.start, s.end, s.text) for s in kept] == [(60.0, 62.0, " w1"), (62.0, 62.0, " w2")]
 
 
-def test_segments_without_length_or_text_are_dropped() -> None:
+def test_segments_without_length_or_text_are_dropped_after_alignment() -> None:
     segments, _ = split([100, 105, 105, 7, 110, 110, 1, 115])
-    assert spans(segments) == [(0.2, 0.3, " w1", [110, 1, 115])]
-    assert split([100])[0] == [] and split([])[0] == []
+    assert len(segments) == 4  # word alignment sees them all, as openai-whisper's does
+    assert spans(kept_segments(segments, 30.0)) == [(0.2, 0.3, " w1", [110, 1, 115])]
+    assert kept_segments(split([100])[0], 30.0) == [] and kept_segments(split([])[0], 30.0) == []
 
 
 def test_the_windows_temperature_goes_with_its_segments() -> None:

@@ -23,6 +23,7 @@ TOKENS_PER_SECOND = 50
 MEDIAN_FILTER_WIDTH = 7
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
+SENTENCE_ENDS = ".。!！?？"
 
 
 @dataclass
@@ -92,25 +93,36 @@ def _align(model: torch.nn.Module, tokenizer, encoder_output: torch.Tensor, star
 
 
 def _merge_punctuations(timings: list[_Timing]) -> list[_Timing]:
-    """Attaches opening punctuation to the next word and closing punctuation to the previous one."""
+    """Attaches opening punctuation to the next word and closing punctuation to the previous one (openai-whisper's
+    `merge_punctuations`: a run of marks joins the same word)."""
+    following = len(timings) - 1
     for i in range(len(timings) - 2, -1, -1):
-        current, following = timings[i], timings[i + 1]
-        if current.word.startswith(" ") and current.word.strip() in PREPEND_PUNCTUATIONS and following.word:
-            following.word = current.word + following.word
-            following.tokens = current.tokens + following.tokens
+        current = timings[i]
+        if current.word.startswith(" ") and current.word.strip() in PREPEND_PUNCTUATIONS:
+            timings[following].word = current.word + timings[following].word
+            timings[following].tokens = current.tokens + timings[following].tokens
             current.word, current.tokens = "", []
-    for i in range(1, len(timings)):
-        previous, current = timings[i - 1], timings[i]
-        if previous.word and not previous.word.endswith(" ") and current.word in APPEND_PUNCTUATIONS and current.word:
-            previous.word += current.word
-            previous.tokens += current.tokens
+        else:
+            following = i
+    previous = 0
+    for j in range(1, len(timings)):
+        current = timings[j]
+        if not timings[previous].word.endswith(" ") and current.word in APPEND_PUNCTUATIONS:
+            timings[previous].word += current.word
+            timings[previous].tokens += current.tokens
             current.word, current.tokens = "", []
+        else:
+            previous = j
     return timings
 
 
 def add_word_timestamps(segments: list[Segment], bundle: WhisperBundle, encoder_output: torch.Tensor,
-                        start_sequence: list[int], num_frames: int, time_offset: float, language: str) -> None:
-    """Fills `segment.words` for one window's segments and fits each segment's times to its words.
+                        start_sequence: list[int], num_frames: int, time_offset: float, language: str,
+                        last_speech_timestamp: float = 0.0) -> None:
+    """Fills `segment.words` for one window's segments and fits each segment's times to its words, by
+    openai-whisper's rules (`timing.add_word_timestamps`): words at sentence ends, and the first words after a
+    pause, are cut to twice the median word duration; a segment keeps its own start (end) where its first (last)
+    word runs more than 0.5 s past it.
 
     Args:
         segments: the window's segments (their tokens include timestamps; only text tokens are aligned).
@@ -121,6 +133,8 @@ def add_word_timestamps(segments: list[Segment], bundle: WhisperBundle, encoder_
         num_frames: mel frames of real audio in the window.
         time_offset: start of the window in seconds.
         language: decides how text splits into words.
+        last_speech_timestamp: the end of the last word before this window (seconds): a first word long after
+            it follows a pause.
     """
     eot = bundle.special.eot
     per_segment = [[t for t in segment.tokens if t < eot] for segment in segments]
@@ -129,8 +143,20 @@ def add_word_timestamps(segments: list[Segment], bundle: WhisperBundle, encoder_
         for segment in segments:
             segment.words = []
         return
-    timings = _merge_punctuations(_align(bundle.model, bundle.tokenizer, encoder_output, start_sequence, text_tokens,
-                                         eot, num_frames, bundle.alignment_heads, language))
+    timings = _align(bundle.model, bundle.tokenizer, encoder_output, start_sequence, text_tokens, eot, num_frames,
+                     bundle.alignment_heads, language)
+    durations = np.array([t.end - t.start for t in timings])
+    durations = durations[durations.nonzero()]
+    median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
+    longest = median * 2
+    if len(durations):  # a word at a sentence's end (or just after one) lasts at most twice the median
+        for previous, timing in zip(timings, timings[1:]):
+            if timing.end - timing.start > longest:
+                if timing.word in SENTENCE_ENDS:
+                    timing.end = timing.start + longest
+                elif previous.word in SENTENCE_ENDS:
+                    timing.start = timing.end - longest
+    timings = _merge_punctuations(timings)
     index = 0
     for segment, tokens in zip(segments, per_segment):
         consumed, words = 0, []
@@ -141,10 +167,29 @@ def add_word_timestamps(segments: list[Segment], bundle: WhisperBundle, encoder_
                                   round(timing.probability, 4)))
             consumed += len(timing.tokens)
             index += 1
-        # Keep words inside their segment, then fit the segment to its words (openai-whisper does the same).
-        for word in words:
-            word.start = min(max(word.start, segment.start), segment.end)
-            word.end = min(max(word.end, word.start), segment.end)
         if words:
-            segment.start, segment.end = words[0].start, max(words[-1].end, words[0].start)
+            _fit(segment, words, median, longest, last_speech_timestamp)
+            last_speech_timestamp = segment.end
         segment.words = words
+
+
+def _fit(segment: Segment, words: list[Word], median: float, longest: float, last_speech: float) -> None:
+    """openai-whisper's fit of a segment and its first and last words to each other."""
+    first = words[0]
+    # The first and second words after a pause last at most twice the median.
+    if first.end - last_speech > median * 4 and (
+            first.end - first.start > longest or (len(words) > 1 and words[1].end - first.start > longest * 2)):
+        if len(words) > 1 and words[1].end - words[1].start > longest:
+            boundary = max(words[1].end / 2, words[1].end - longest)
+            first.end = words[1].start = boundary
+        first.start = max(0.0, first.end - longest)
+    # The segment's own start where the first word is too long; else the first word's.
+    if segment.start < first.end and segment.start - 0.5 > first.start:
+        first.start = max(0.0, min(first.end - median, segment.start))
+    else:
+        segment.start = first.start
+    last = words[-1]
+    if segment.end > last.start and segment.end + 0.5 < last.end:
+        last.end = max(last.start + median, segment.end)
+    else:
+        segment.end = last.end

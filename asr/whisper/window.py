@@ -238,7 +238,8 @@ INPUT_STRIDE = 2
 
 def split_segments(result: WindowResult, special: SpecialTokens, seek: int, segment_size: int,
                    decode_text: Callable[[list[int]], str]) -> tuple[list[Segment], int]:
-    """openai-whisper's segmentation of one window's tokens at consecutive timestamp pairs.
+    """openai-whisper's segmentation of one window's tokens at consecutive timestamp pairs (every segment, the
+    instantaneous and the empty ones too: `kept_segments` leaves them out once words have been aligned).
 
     Args:
         result: the window's decoding.
@@ -258,19 +259,12 @@ def split_segments(result: WindowResult, special: SpecialTokens, seek: int, segm
     single_timestamp_ending = is_timestamp[-2:] == [False, True]
     consecutive = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
 
-    # The model may place a timestamp past the audio in the last window: times stay inside the window's audio
-    # (openai-whisper lets them run past it), the words are kept as openai-whisper keeps them.
-    window_end = time_offset + segment_duration
-
-    def make(start: float, end: float, seg_tokens: list[int]) -> Segment | None:
+    def make(start: float, end: float, seg_tokens: list[int]) -> Segment:
         text = decode_text([t for t in seg_tokens if t < eot])
-        if start == end or not text.strip():
-            return None  # an instantaneous segment or one without text carries no words
-        start, end = min(start, window_end), min(end, window_end)
         return Segment(0, seek, round(start, 3), round(end, 3), text, seg_tokens, result.temperature,
                        result.avg_logprob, result.compression_ratio, result.no_speech_prob)
 
-    segments: list[Segment | None] = []
+    segments: list[Segment] = []
     if consecutive:
         slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
         last = 0
@@ -292,4 +286,24 @@ def split_segments(result: WindowResult, special: SpecialTokens, seek: int, segm
             duration = (timestamps[-1] - timestamp_begin) * TIME_PRECISION
         segments.append(make(time_offset, time_offset + duration, tokens))
         advance = segment_size
-    return [segment for segment in segments if segment is not None], advance
+    return segments, advance
+
+
+def ends_on_single_timestamp(tokens: list[int], timestamp_begin: int) -> bool:
+    """Whether a window's tokens end on a lone timestamp (its text ran to the window's end)."""
+    return len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
+
+
+def kept_segments(segments: list[Segment], window_end: float) -> list[Segment]:
+    """The segments that carry words (openai-whisper clears instantaneous segments and those without text, after
+    word alignment has fitted their times), with times inside the window's audio: the model may place a
+    timestamp past the audio's end in the last window, which openai-whisper lets run past it."""
+    kept = []
+    for segment in segments:
+        if segment.start == segment.end or not segment.text.strip():
+            continue
+        segment.start, segment.end = min(segment.start, window_end), min(segment.end, window_end)
+        for word in segment.words or ():
+            word.start, word.end = min(word.start, window_end), min(word.end, window_end)
+        kept.append(segment)
+    return kept
