@@ -97,6 +97,15 @@ def test_near_ties_bfloat16_cannot_tell_apart_are_decided_in_float32(gap: float)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
+def test_no_positions_give_no_logits() -> None:
+    """A pass that only fills the cache asks for no logits (an English-only model's prompt ends in its start
+    token): tiny.en with a prompt crashed here (issue 38, case 1)."""
+    head = _head(0)
+    with torch.inference_mode():
+        got = screened_head(head, [2500])(torch.zeros(2, 0, 64))
+    assert got.shape == (2, 0, 3000) and got.dtype == torch.float32
+
+
 def test_the_screen_is_made_once_per_head_and_again_for_new_weights() -> None:
     head = _head(3)
     first = screened_head(head, [1, 2])

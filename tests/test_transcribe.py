@@ -136,3 +136,13 @@ def test_a_subtitle_format_without_an_output_folder_goes_to_stdout(base) -> None
     assert vtt.exit_code == 0 and vtt.output.startswith("WEBVTT")
     every = CliRunner().invoke(main, ["transcribe", clip, "-f", "all"])
     assert every.exit_code == 1 and "give an output folder with -o DIR" in every.output
+
+
+@pytest.mark.parametrize("options", [{"initial_prompt": "Hello."}, {"hotwords": "park"},
+                                     {"initial_prompt": "Hello.", "carry_initial_prompt": True},
+                                     {"clip_timestamps": (0.0, 2.0, 2.2)}],
+                         ids=["initial-prompt", "hotwords", "carry", "clips"])
+def test_an_english_only_model_takes_a_prompt(tiny_en, options: dict) -> None:
+    """tiny.en's start sequence is one token: with a prompt before it, the prompt's pass computes no logits."""
+    result = transcribe(tiny_en, str(SAMPLES / "park.flac"), TranscribeOptions(**options))
+    assert "park" in result.text and result.segments

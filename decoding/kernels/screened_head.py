@@ -115,6 +115,8 @@ class ScreenedHead:
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         screen = self.screen
+        if h.numel() == 0:  # a pass that only fills the cache (an English-only model's prompt ends in its start)
+            return h.new_empty(*h.shape[:-1], screen.weight.shape[0], dtype=torch.float32)
         flat = h.reshape(-1, h.shape[-1]).float()
         if len(flat) <= _INT8_ROWS and native_rows_allowed():
             q, scale, row_bound = screen.quantized
