@@ -19,6 +19,11 @@ DEFAULT_SCHEDULE = ("heuristic", 5)
 # The VAD rules of the batched mode when none are given: short pauses end a region so that chunks can be cut
 # there, and no region is longer than a window (faster-whisper's `BatchedInferencePipeline` defaults).
 BATCHED_VAD = VadOptions(min_silence_duration_ms=160, max_speech_duration_s=float(CHUNK_LENGTH))
+# Beams and samples per window at most (openai-whisper's command line uses 5): each is a row of the decoder's
+# batch with its own key/value cache, so memory grows with them (1,000 beams reached 15.5 GB with base).
+MAX_ROWS = 32
+# Patience at most: beam search waits for round(beams x patience) finished sequences.
+MAX_PATIENCE = 100.0
 
 
 @dataclass(frozen=True)
@@ -109,13 +114,14 @@ class TranscribeOptions:
         check_options(self)
 
     def _check_search(self) -> None:
-        if self.beam_size is not None and self.beam_size < 1:
-            raise ValueError(f"beam size must be >= 1, got {self.beam_size}")
-        if self.best_of is not None and self.best_of < 1:
-            raise ValueError(f"best of must be >= 1, got {self.best_of}")
+        # Each beam or sample is a row of the decoder's batch with its own cache: memory grows with them.
+        if self.beam_size is not None and not 1 <= self.beam_size <= MAX_ROWS:
+            raise ValueError(f"beam size must be between 1 and {MAX_ROWS}, got {self.beam_size}")
+        if self.best_of is not None and not 1 <= self.best_of <= MAX_ROWS:
+            raise ValueError(f"best of must be between 1 and {MAX_ROWS}, got {self.best_of}")
         if self.patience is not None:
-            if not self.patience > 0:
-                raise ValueError(f"patience must be > 0, got {self.patience}")
+            if not 0 < self.patience <= MAX_PATIENCE:
+                raise ValueError(f"patience must be > 0 and at most {MAX_PATIENCE:g}, got {self.patience}")
             if not self.beam_search:
                 raise ValueError("patience applies to beam search: give a beam size above 1 too")
             if round(self.beam_size * self.patience) < 1:
@@ -190,8 +196,8 @@ def check_options(options: TranscribeOptions) -> None:
     if any(t < -1 for t in options.suppress_tokens):
         raise ValueError(f"suppress tokens must be token ids (or -1 for the model's list), got {options.suppress_tokens}")
     clips = options.clip_timestamps
-    if any(t < 0 for t in clips):
-        raise ValueError(f"clip timestamps must be >= 0 seconds, got {clips}")
+    if not all(math.isfinite(t) and t >= 0 for t in clips):
+        raise ValueError(f"clip timestamps must be seconds >= 0, got {','.join(f'{t:g}' for t in clips)}")
     for start, end in zip(clips[::2], clips[1::2]):
         if end <= start:
             raise ValueError(f"clip timestamps: each clip must end after it starts, got {start:g},{end:g}")

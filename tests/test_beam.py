@@ -307,11 +307,15 @@ def one_line_error(result, *words: str) -> None:
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--beam-size", "0"], ["beam size", ">= 1"]),
+    (["--beam-size", "0"], ["beam size", "between 1 and 32"]),
+    (["--beam-size", "1000"], ["beam size", "between 1 and 32", "1000"]),
+    (["--best-of", "500"], ["best of", "between 1 and 32", "500"]),
     (["--beam-size", "5", "--patience", "-1"], ["patience", "> 0"]),
+    (["--beam-size", "5", "--patience", "inf"], ["patience", "at most 100"]),
+    (["--beam-size", "5", "--patience", "1e308"], ["patience", "at most 100"]),
     (["--patience", "2"], ["patience", "beam size"]),
     (["--beam-size", "5", "--length-penalty", "2"], ["length penalty"]),
-    (["--best-of", "0"], ["best of", ">= 1"]),
+    (["--best-of", "0"], ["best of", "between 1 and 32"]),
     (["--beam-size", "5", "--assistant", "self:int8"], ["--beam-size 5", "alone", "self:int8"]),
     (["--beam-size", "2", "--assistant", "tiny.en"], ["alone", "tiny.en"]),
 ])
