@@ -80,7 +80,7 @@ def parse_size(text: str) -> int:
     text = text.strip()
     try:
         size = int(text) if text.isdigit() else convert_file_size_to_int(text)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number; or infinite ("infGB", "1e400GB")
         size = -1
     if size <= 0:
         raise ValueError(f"--max-memory: expected a size such as 300MB or 2GiB, got {text!r}")
