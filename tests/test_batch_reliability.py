@@ -155,6 +155,18 @@ def test_a_typo_in_source_leaves_no_file_behind(scripted_folder: Path, tmp_path:
     assert result.exit_code == 1 and "no items" in result.output and not output.exists()
 
 
+def test_an_output_that_cannot_be_made_is_one_line(scripted_folder: Path, tmp_path: Path) -> None:
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    _tone(clips / "good.wav")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for output in ("/proc/asr_out/res.jsonl", str(blocker / "res.jsonl")):
+        result = _batch(str(clips), "-o", output, "--model", str(scripted_folder))
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert f"{output}: cannot write there" in result.output
+
+
 def test_failed_items_give_a_non_zero_exit_and_retry_errors_redoes_them(scripted_folder: Path,
                                                                          tmp_path: Path) -> None:
     clips = tmp_path / "clips"

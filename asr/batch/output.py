@@ -58,7 +58,7 @@ class OutputLock:
     Locks held by this process are counted, so nested holders (the command, then `run_batch`) share one.
 
     Raises:
-        ValueError: another run holds the lock.
+        ValueError: another run holds the lock, or the output's folder cannot be made or written.
     """
 
     _held: dict[Path, list] = {}  # path -> [fd, holders] for this process
@@ -80,17 +80,20 @@ class OutputLock:
     def _lock(self) -> int:
         """Opens and locks the lock file. The file is removed on release, so a lock taken on a file another
         run has just removed would lock nothing: then the path is opened again."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        output = self.path.with_suffix("")
         while True:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            except OSError as error:  # a folder that cannot be made or written (/proc, read-only, a file there)
+                raise ValueError(f"{output}: cannot write there ({error.strerror or error})") from None
             if fcntl is None:
                 return fd
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise ValueError(f"{self.path.with_suffix('')}: another run is using this output; wait for it "
-                                 "or stop it") from None
+                raise ValueError(f"{output}: another run is using this output; wait for it or stop it") from None
             try:
                 if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                     return fd
