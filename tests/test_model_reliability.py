@@ -84,6 +84,32 @@ def test_garbage_model_files_are_one_line_errors_naming_the_file(tmp_path: Path,
     assert len(result.output.strip().splitlines()) == 1 and str(folder) in result.output
 
 
+@pytest.mark.parametrize("damage", ["a decoder layer missing", "more layers in the config", "another shape"])
+def test_weights_that_miss_what_the_config_names_are_refused(tmp_path: Path, damage: str) -> None:
+    """transformers would fill the gaps with random weights and transcribe nonsense with exit status 0."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tiny_whisper_in(tmp_path / "model", seed=5)
+    weights = folder / "model.safetensors"
+    config = json.loads((folder / "config.json").read_text())
+    if damage == "a decoder layer missing":
+        tensors = load_file(weights)
+        save_file({k: v for k, v in tensors.items() if ".decoder.layers.1." not in k}, weights, metadata={"format": "pt"})
+    elif damage == "more layers in the config":
+        config["decoder_layers"] += 1
+    else:
+        tensors = load_file(weights)
+        name = "model.decoder.layers.0.fc1.weight"
+        tensors[name] = tensors[name][:-1].clone()
+        save_file(tensors, weights, metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFileError, match="weights lack tensors"):
+        load_model(str(folder))
+    result = CliRunner().invoke(main, ["transcribe", str(SAMPLES / "park.flac"), "--model", str(folder), "-q"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 and str(folder) in result.output
+
+
 def test_asr_models_does_not_hash_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ASSISTED_WHISPER_CACHE", str(tmp_path))
     monkeypatch.setattr(cache, "_sha256", lambda path: pytest.fail("hashed while listing"))

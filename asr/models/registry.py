@@ -147,8 +147,22 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
     if offload is not None:
         model = load_offloaded(_local_folder(src, **hub), config, offload, device, dtype)
     else:
-        model = WhisperForConditionalGeneration.from_pretrained(src, dtype=load_dtype(dtype), use_safetensors=True,
-                                                                trust_remote_code=False, **hub)
+        try:
+            model, info = WhisperForConditionalGeneration.from_pretrained(
+                src, dtype=load_dtype(dtype), use_safetensors=True, trust_remote_code=False, output_loading_info=True,
+                **hub)
+        except RuntimeError as error:
+            if "mismatched" not in str(error) and "size mismatch" not in str(error):
+                raise
+            raise ModelFileError(f"{src}: the weights lack tensors its config.json names, or hold them in other "
+                                 "shapes (transformers: size mismatch)") from None
+        # transformers fills what the weights lack with random values and only reports it: refuse such a model.
+        missing = list(info.get("missing_keys") or ()) + [str(k[0] if isinstance(k, tuple) else k)
+                                                           for k in info.get("mismatched_keys") or ()]
+        if missing:
+            shown = ", ".join(sorted(missing)[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise ModelFileError(f"{src}: the weights lack tensors its config.json names, or hold them in other "
+                                 f"shapes ({shown})")
         model = model.to(device).eval()
         if dtype == INT8:
             quantize_model(model)
