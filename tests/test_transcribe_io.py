@@ -91,6 +91,16 @@ def test_empty_stdin_is_a_one_line_error(tiny_whisper_folder: Path) -> None:
     assert result.stdout == ""
 
 
+def test_split_stereo_refuses_more_than_two_channels(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+    """5.1 audio holds its speech in the centre channel: left and right alone would miss it."""
+    surround = tmp_path / "surround.wav"
+    sf.write(surround, np.random.default_rng(0).normal(0, 0.1, (16000, 6)).astype(np.float32), 16000)
+    for args, name, data in (([str(surround)], str(surround), None), (["-"], "<stdin>", surround.read_bytes())):
+        result = _run(tiny_whisper_folder, *args, "--split-stereo", input=data)
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert f"error: {name}: --split-stereo needs stereo audio, this is 6-channel\n" in result.stderr
+
+
 def test_split_stereo_writes_each_channel_as_its_mono_file_would_be(tiny_whisper_folder: Path, calls: Path,
                                                                    tmp_path: Path) -> None:
     split = _run(tiny_whisper_folder, str(calls / "talk.wav"), str(calls / "mono.wav"), "--split-stereo",

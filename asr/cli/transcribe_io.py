@@ -94,7 +94,7 @@ def audio_inputs(path: str, split_stereo: bool, stdin: Callable[[], bytes]) -> l
     the left and right channels come apart.
 
     Raises:
-        audio.AudioError: unreadable audio, or mono audio with `split_stereo` (one line).
+        audio.AudioError: unreadable audio, or audio that is not stereo with `split_stereo` (one line).
     """
     from audio import ChannelError, load_audio, load_audio_bytes
 
@@ -106,13 +106,20 @@ def audio_inputs(path: str, split_stereo: bool, stdin: Callable[[], bytes]) -> l
         if from_stdin:
             return [AudioInput(load_audio_bytes(data, name=name), name, output)]
         return [AudioInput(path, name, output)]
-    try:
-        channels = [(side, load_audio_bytes(data, channel=index, name=name) if from_stdin
-                     else load_audio(path, channel=index)) for index, side in reversed(STEREO_CHANNELS)]
+    def load(index: int):
+        return load_audio_bytes(data, channel=index, name=name) if from_stdin else load_audio(path, channel=index)
+
+    try:  # a channel no file has: the error tells how many this one has, before any samples are decoded
+        load(_NO_SUCH_CHANNEL)
     except ChannelError as error:
-        kind = "mono" if error.channels == 1 else f"{error.channels}-channel"
-        raise ChannelError(f"{name}: --split-stereo needs stereo audio, this is {kind}", error.channels) from None
+        if error.channels != 2:  # mono, or 5.1 (whose speech is its centre channel, not left or right)
+            kind = "mono" if error.channels == 1 else f"{error.channels}-channel"
+            raise ChannelError(f"{name}: --split-stereo needs stereo audio, this is {kind}", error.channels) from None
+    channels = [(side, load(index)) for index, side in reversed(STEREO_CHANNELS)]
     return [AudioInput(samples, f"{name} ({side})", output, f".{side}") for side, samples in reversed(channels)]
+
+
+_NO_SUCH_CHANNEL = 2 ** 16
 
 
 def _flag(name: str) -> str:
