@@ -152,6 +152,10 @@ def test_bad_input_gets_one_line(tiny_whisper_folder: Path, tmp_path: Path, monk
     assert "no usable audio" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "b"), "--audio", str(broken)))
     assert "no such file" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "c"), "--audio",
                                           str(tmp_path / "missing")))
+    # The failed runs left their work folders unclaimed: the corrected commands are not refused.
+    assert not (tmp_path / "b.work").exists() and not (tmp_path / "c.work").exists()
+    fixed = run(str(tiny_whisper_folder), "-o", str(tmp_path / "c"), "--audio", str(SAMPLES), "--steps", "2")
+    assert fixed.exit_code == 0, fixed.output
     monkeypatch.setenv("PATH", str(tmp_path))  # no synthesiser to be found
     monkeypatch.setattr("asr.distill.tts.piper_voice_models", lambda: [])
     assert "needs a speech synthesiser" in one_line(run(str(tiny_whisper_folder), "-o", str(tmp_path / "d"), "--tts"))

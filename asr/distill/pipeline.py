@@ -114,10 +114,15 @@ def distill(model: str, output: str | Path, options: DistillOptions, *, work_dir
         sentences = read_text(options.text) if options.text else built_in_text()
     bundle = load_model(model, device=device, dtype=torch.float32)
     layers = options.layers or tuple(sorted({0, bundle.model.config.decoder_layers - 1}))
-    _claim_work(work, model, options)
+    fresh = _claim_work(work, model, options)
 
     # 1-2. Audio, decoded by the model; every window it decoded is cached with its labels.
-    counts = _label(bundle, work, options, sentences, show_progress)
+    try:
+        counts = _label(bundle, work, options, sentences, show_progress)
+    except ValueError:
+        if fresh:  # a typo in --audio, say: the corrected command must find the folder free again
+            _release_work(work)
+        raise
     train, held = _split(work)
     if not train:
         raise ValueError(f"no usable audio in {options.audio or 'the synthesised speech'}: the model decoded no "
@@ -188,8 +193,9 @@ def _recipe(model: str, options: DistillOptions) -> dict[str, Any]:
             "augment": options.augment, "top_k": options.top_k, "held_out": options.held_out, "seed": options.seed}
 
 
-def _claim_work(work: Path, model: str, options: DistillOptions) -> None:
-    """Creates the work folder, or checks that an existing one was made by the same recipe.
+def _claim_work(work: Path, model: str, options: DistillOptions) -> bool:
+    """Creates the work folder, or checks that an existing one was made by the same recipe; True when this run
+    made the claim.
 
     Raises:
         ValueError: the folder cannot be created, or it holds another recipe's data.
@@ -204,12 +210,23 @@ def _claim_work(work: Path, model: str, options: DistillOptions) -> None:
         if found != recipe:
             raise ValueError(f"work folder {work} holds data of another recipe; delete it or pass another --work-dir")
         logger.info("resuming from work folder %s", work)
-        return
+        return False
     try:
         work.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps(recipe, indent=2) + "\n")
     except OSError as error:
         raise ValueError(f"cannot create work folder {work}: {error.strerror or error}") from None
+    return True
+
+
+def _release_work(work: Path) -> None:
+    """Undoes a claim that cached nothing: the recipe marker and empty folders go; any data stays claimed."""
+    if any(p.is_file() and p.name != "recipe.json" for p in work.rglob("*")):
+        return
+    (work / "recipe.json").unlink(missing_ok=True)
+    for folder in sorted((p for p in work.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        folder.rmdir()
+    work.rmdir()
 
 
 def _label(bundle: WhisperBundle, work: Path, options: DistillOptions, sentences: list[str] | None,
