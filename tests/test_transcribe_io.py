@@ -216,3 +216,23 @@ def test_ffmpeg_decodes_piped_bytes_and_gives_one_channel(tmp_path: Path, monkey
 def test_standard_input_given_twice_is_refused(calls: Path) -> None:
     result = CliRunner().invoke(main, ["transcribe", "-", str(calls / "left.wav"), "-"], input=b"")
     assert result.exit_code == 1 and result.output == "Error: standard input (-) can be read once: give - once\n"
+
+
+def test_standard_input_is_refused_early_when_it_is_not_audio_or_too_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1.5 GB of zeros on a pipe once took 2 GB of memory before its error; an endless pipe grew without end."""
+    import io
+
+    from asr.cli.transcribe_io import read_stdin
+    from audio import AudioError
+
+    monkeypatch.setattr("shutil.which", lambda name: None)  # no ffmpeg: the first bytes tell
+    zeros = io.BytesIO(bytes(50 * 2 ** 20))
+    with pytest.raises(AudioError, match="<stdin>: not a readable audio file"):
+        read_stdin(zeros)
+    assert zeros.tell() <= 2 ** 20  # refused after its first MiB
+    wav = io.BytesIO()
+    sf.write(wav, np.zeros(16000 * 120, dtype=np.float32), 16000, format="WAV", subtype="PCM_16")
+    data = wav.getvalue()
+    assert read_stdin(io.BytesIO(data)) == data
+    with pytest.raises(AudioError, match="more than .* GiB of audio on standard input; give the file's path"):
+        read_stdin(io.BytesIO(data), limit=len(data) - 1)

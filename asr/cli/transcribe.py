@@ -137,14 +137,14 @@ def _transcribe_files(transcriber: Transcriber, files: tuple[str, ...], output_d
                       output_format: str, subtitles: SubtitleOptions | None, split_stereo: bool, show_progress: bool,
                       verbose: bool, status: Callable[[str], None]) -> int:
     """Transcribes and writes each file; returns how many failed."""
-    from asr.cli.transcribe_io import audio_inputs
+    from asr.cli.transcribe_io import audio_inputs, read_stdin
     from asr.writers import output_stems, write_format, write_outputs
 
     failures = 0
     stems = output_stems([STDIN_NAME if path == "-" else path for path in files])
     for path, stem in zip(files, stems):
         try:
-            audios = audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read())
+            audios = audio_inputs(path, split_stereo, read_stdin)
             transcripts = [(audio, transcribe_file(transcriber, audio.source, show_progress, audio.name, verbose))
                            for audio in audios]
         except ValueError as error:  # AudioError and option errors: one line, then the next file

@@ -122,6 +122,46 @@ def audio_inputs(path: str, split_stereo: bool, stdin: Callable[[], bytes]) -> l
 _NO_SUCH_CHANNEL = 2 ** 16
 
 
+# Standard input is read whole before it is decoded (a pipe cannot seek): at most this much (18 hours of 16 kHz
+# 16-bit mono WAV; a longer recording is better given by its path, which is read block by block).
+STDIN_LIMIT = 2 * 2 ** 30
+_PIECE = 2 ** 20
+
+
+def read_stdin(stream=None, limit: int = STDIN_LIMIT) -> bytes:
+    """Standard input's bytes, refused after its first MiB when they are no audio that can be read (without
+    ffmpeg, which reads formats that cannot be told from their first bytes), and when they exceed `limit`.
+
+    Raises:
+        audio.AudioError: not audio, or more than `limit` bytes (one line).
+    """
+    import io
+    import shutil
+    import sys
+
+    import soundfile as sf
+
+    from audio import AudioError
+
+    stream = sys.stdin.buffer if stream is None else stream
+    head = stream.read(_PIECE)
+    if head and shutil.which("ffmpeg") is None:
+        try:
+            sf.info(io.BytesIO(head))
+        except (sf.SoundFileError, RuntimeError) as error:
+            reason = str(getattr(error, "error_string", error)).splitlines()[0].rstrip(".")
+            raise AudioError(f"<stdin>: not a readable audio file (libsndfile: {reason}; ffmpeg not installed)") \
+                from None
+    pieces, total = [head], len(head)
+    while piece := stream.read(_PIECE):
+        total += len(piece)
+        if total > limit:
+            raise AudioError(f"<stdin>: more than {limit / 2 ** 30:g} GiB of audio on standard input; give the "
+                             "file's path instead (it is read block by block)")
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -155,7 +195,7 @@ def detect_languages(bundle: WhisperBundle, files: tuple[str, ...], options: Tra
     failures = 0
     for path in files:
         try:
-            for audio in audio_inputs(path, split_stereo, lambda: sys.stdin.buffer.read()):
+            for audio in audio_inputs(path, split_stereo, read_stdin):
                 samples = load_audio(audio.source)
                 # The recording's floor, as transcribing it would detect (asr.transcription.AudioProgress.floor).
                 language, probs = detect_language(bundle, samples, options.language_detection_segments,
