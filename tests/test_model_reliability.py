@@ -6,7 +6,9 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import re
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -103,11 +105,58 @@ def test_weights_that_miss_what_the_config_names_are_refused(tmp_path: Path, dam
         tensors[name] = tensors[name][:-1].clone()
         save_file(tensors, weights, metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelFileError, match="weights lack tensors"):
+    with pytest.raises(ModelFileError, match="weights do not hold the tensors"):
         load_model(str(folder))
     result = CliRunner().invoke(main, ["transcribe", str(SAMPLES / "park.flac"), "--model", str(folder), "-q"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1 and str(folder) in result.output
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("d_model", 10 ** 9, "d_model = 1000000000"), ("decoder_layers", -1, "decoder_layers = -1"),
+    ("vocab_size", None, "vocab_size"), ("encoder_layers", "two", "encoder_layers"),
+    ("decoder_attention_heads", 3, "do not divide"), ("num_mel_bins", 128, "do not hold the tensors"),
+    ("max_target_positions", 2, "do not hold the tensors"), ("max_source_positions", 10, "do not hold the tensors"),
+])
+def test_a_crafted_config_is_one_line(tmp_path: Path, field: str, value, words: str) -> None:
+    folder = tiny_whisper_in(tmp_path / "model", seed=5)
+    config = json.loads((folder / "config.json").read_text())
+    config[field] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFileError, match=re.escape(words)):
+        load_model(str(folder))
+
+
+def _crafted_weights(folder: Path, damage: str) -> None:
+    path = folder / "model.safetensors"
+    raw = path.read_bytes()
+    size = struct.unpack("<Q", raw[:8])[0]
+    header, body = json.loads(raw[8:8 + size]), raw[8 + size:]
+    name = next(k for k in header if k != "__metadata__")
+    prefix = None
+    if damage == "a dtype that lies":
+        header[name]["dtype"] = "F64"
+    elif damage == "offsets beyond the file":
+        header[name]["data_offsets"] = [0, 10 ** 12]
+    elif damage == "another shape":
+        header[name]["shape"] = [7, 7]
+    elif damage == "a header that is an array":
+        header = [1, 2, 3]
+    elif damage == "a header length of 2^62":
+        prefix = struct.pack("<Q", 2 ** 62)
+    else:  # truncated
+        body = body[: len(body) // 2]
+    text = json.dumps(header).encode()
+    path.write_bytes((prefix or struct.pack("<Q", len(text))) + text + body)
+
+
+@pytest.mark.parametrize("damage", ["a dtype that lies", "offsets beyond the file", "another shape",
+                                    "a header that is an array", "a header length of 2^62", "truncated"])
+def test_crafted_safetensors_are_one_line(tmp_path: Path, damage: str) -> None:
+    folder = tiny_whisper_in(tmp_path / "model", seed=5)
+    _crafted_weights(folder, damage)
+    with pytest.raises(ModelFileError, match="the weights cannot be read"):
+        load_model(str(folder))
 
 
 def test_asr_models_does_not_hash_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -133,13 +133,42 @@ def _hub_problem(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
     return f"cannot reach {host}: {error[0]}" if error else None
 
 
+# Whisper's sizes, with room for larger models than any published (large-v3: d_model 1280, 32 layers, 51866
+# tokens): a config beyond them is damaged or crafted, and would ask for more memory than a machine has.
+_CONFIG_LIMITS = {"d_model": 16384, "encoder_layers": 256, "decoder_layers": 256, "encoder_attention_heads": 256,
+                  "decoder_attention_heads": 256, "encoder_ffn_dim": 65536, "decoder_ffn_dim": 65536,
+                  "vocab_size": 1 << 20, "num_mel_bins": 256, "max_source_positions": 1 << 16,
+                  "max_target_positions": 1 << 16}
+
+
+def check_config(config: WhisperConfig, src: str) -> None:
+    """Refuses sizes no Whisper has (0, negative, not whole numbers, beyond `_CONFIG_LIMITS`) in one line.
+
+    Raises:
+        ModelFileError: naming the folder and the field.
+    """
+    for field, limit in _CONFIG_LIMITS.items():
+        value = getattr(config, field, None)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            raise ModelFileError(f"{src}: config.json gives {field} = {value!r}; a Whisper model has a whole number "
+                                 f"from 1 to {limit} there")
+    for part in ("encoder", "decoder"):
+        heads = getattr(config, f"{part}_attention_heads")
+        if config.d_model % heads:
+            raise ModelFileError(f"{src}: config.json gives d_model {config.d_model}, which {heads} "
+                                 f"{part} attention heads do not divide")
+
+
 def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision,
                  offload: OffloadOptions | None = None, **hub: object) -> WhisperBundle:
     """Loads a transformers Whisper folder or Hub id into a bundle (``hub``: extra from_pretrained options)."""
     try:
         config = WhisperConfig.from_pretrained(src, **hub)
-    except ValueError as error:  # unreadable JSON, or not a Whisper config
+    except OSError:
+        raise
+    except Exception as error:  # unreadable JSON, not a Whisper config, a field of the wrong type
         raise ModelFileError(f"{src}: config.json is not a Whisper config ({first_line(error)})") from None
+    check_config(config, src)
     architectures = config.architectures or ["WhisperForConditionalGeneration"]
     if "WhisperForConditionalGeneration" not in architectures:
         raise UnsupportedModelError(f"model {name!r} is a {'/'.join(architectures)}; load_model needs a "
@@ -151,17 +180,21 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
             model, info = WhisperForConditionalGeneration.from_pretrained(
                 src, dtype=load_dtype(dtype), use_safetensors=True, trust_remote_code=False, output_loading_info=True,
                 **hub)
-        except RuntimeError as error:
-            if "mismatched" not in str(error) and "size mismatch" not in str(error):
-                raise
-            raise ModelFileError(f"{src}: the weights lack tensors its config.json names, or hold them in other "
-                                 "shapes (transformers: size mismatch)") from None
-        # transformers fills what the weights lack with random values and only reports it: refuse such a model.
-        missing = list(info.get("missing_keys") or ()) + [str(k[0] if isinstance(k, tuple) else k)
-                                                           for k in info.get("mismatched_keys") or ()]
+        except OSError:
+            raise
+        except Exception as error:  # a crafted or damaged weights file: safetensors' and torch's own errors
+            if "mismatched" in str(error) or "size mismatch" in str(error):
+                raise ModelFileError(f"{src}: the weights do not hold the tensors its config.json names, in their "
+                                     "shapes (transformers: size mismatch)") from None
+            raise ModelFileError(f"{src}: the weights cannot be read ({type(error).__name__}: "
+                                 f"{first_line(error)})") from None
+        # transformers fills what the weights lack with random values, and drops what the config does not name,
+        # and only reports it: refuse such a model.
+        missing = list(info.get("missing_keys") or ()) + list(info.get("unexpected_keys") or ()) + [
+            str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()]
         if missing:
             shown = ", ".join(sorted(missing)[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            raise ModelFileError(f"{src}: the weights lack tensors its config.json names, or hold them in other "
+            raise ModelFileError(f"{src}: the weights do not hold the tensors its config.json names, in their "
                                  f"shapes ({shown})")
         model = model.to(device).eval()
         if dtype == INT8:
