@@ -187,8 +187,6 @@ def detect_languages(bundle: WhisperBundle, files: tuple[str, ...], options: Tra
                      split_stereo: bool = False) -> int:
     """Prints `NAME: CODE PROBABILITY` per file (per channel with `split_stereo`; `-` is standard input);
     returns the exit status (1 when a file failed)."""
-    import sys
-
     from asr.whisper.language import detect_language
     from audio import load_audio, recording_floor
 
