@@ -79,6 +79,77 @@ def test_ct2_reader_refuses_huge_declared_sizes(tmp_path: Path) -> None:
         read_ct2(tmp_path / "model.bin")
 
 
+def _ct2_string(text: bytes) -> bytes:
+    return struct.pack("<H", len(text) + 1) + text + b"\x00"
+
+
+DIMENSION = st.one_of(st.sampled_from([0, 1, 2, 3, 7, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF]), st.integers(0, 0xFFFFFFFF))
+VARIABLE = st.fixed_dictionaries({
+    "name": st.one_of(st.sampled_from([b"a/weight", b"", b"a/weight"]), st.binary(max_size=8)),
+    "dims": st.lists(DIMENSION, max_size=10),
+    "dtype": st.integers(0, 12),
+    "n_bytes": st.one_of(st.none(), st.sampled_from([0, 1, 0xFFFFFFFF]), st.integers(0, 0xFFFFFFFF)),
+    "data": st.integers(0, 64),
+})
+
+
+@FUZZ
+@given(variables=st.lists(VARIABLE, max_size=4), count=st.one_of(st.none(), st.integers(0, 0xFFFFFFFF)),
+       aliases=st.lists(st.tuples(st.binary(max_size=6), st.binary(max_size=6)), max_size=2),
+       version=st.sampled_from([6, 6, 6, 5, 0, 0xFFFFFFFF]))
+def test_ct2_reader_takes_any_header_in_one_line_and_baseline_memory(tmp_path_factory: pytest.TempPathFactory,
+                                                                     variables: list[dict], count: int | None,
+                                                                     aliases: list, version: int) -> None:
+    """Every header field a crafted file can lie in (counts, names, ranks, dimensions from 0 to 2^32-1 in any
+    combination, dtype codes, byte counts), not only flipped bytes: a result or one line, never a traceback."""
+    import resource
+
+    data = struct.pack("<I", version) + _ct2_string(b"WhisperSpec") + struct.pack("<I", 3)
+    data += struct.pack("<I", len(variables) if count is None else count)
+    for variable in variables:
+        dims = variable["dims"]
+        data += _ct2_string(variable["name"]) + struct.pack("<B", len(dims) % 256)
+        data += b"".join(struct.pack("<I", d) for d in dims) + struct.pack("<B", variable["dtype"])
+        elements = 1
+        for d in dims:
+            elements *= d
+        n_bytes = variable["n_bytes"] if variable["n_bytes"] is not None else min(elements * 4, 0xFFFFFFFF)
+        data += struct.pack("<I", n_bytes) + bytes(min(n_bytes, variable["data"] * 4))
+    data += struct.pack("<I", len(aliases)) + b"".join(_ct2_string(a) + _ct2_string(b) for a, b in aliases)
+    path = tmp_path_factory.mktemp("ct2-header") / "model.bin"
+    path.write_bytes(data)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        read_ct2(path)
+    except ModelFileError as error:
+        _one_line(error)
+        assert str(path) in str(error)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB: no big allocation
+
+
+@pytest.mark.parametrize("dims", [[0, 0xFFFFFFFF], [0] + [0xFFFFFFFF] * 7, [0xFFFFFFFF] * 3 + [0]])
+def test_ct2_empty_tensors_of_impossible_shapes_are_one_line(tmp_path: Path, dims: list[int]) -> None:
+    data = struct.pack("<I", 6) + _ct2_string(b"WhisperSpec") + struct.pack("<II", 3, 1) + _ct2_string(b"x")
+    data += struct.pack("<B", len(dims)) + b"".join(struct.pack("<I", d) for d in dims) + struct.pack("<BI", 0, 0)
+    data += struct.pack("<I", 0)
+    (tmp_path / "model.bin").write_bytes(data)
+    try:
+        read_ct2(tmp_path / "model.bin")
+    except ModelFileError as error:
+        _one_line(error)
+
+
+def test_a_ct2_file_larger_than_memory_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "model.bin"
+    with open(path, "wb") as handle:
+        try:
+            handle.truncate(2 ** 40)  # 1 TiB, sparse: no disk used
+        except OSError:
+            pytest.skip("this file system holds no 1 TiB sparse file")
+    with pytest.raises(ModelFileError, match="do not fit in this machine's memory"):
+        read_ct2(path)
+
+
 MANIFEST_TEXT = st.text(alphabet=st.sampled_from(list('ab,;"\'\t\n\r{}[]:\\ é\ufeff0.wav')), max_size=200)
 
 

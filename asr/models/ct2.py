@@ -111,11 +111,24 @@ class _Reader:
             raise self.fail(f"{what} is not valid UTF-8") from None
 
 
+def _physical_memory() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: the allocation decides
+        return math.inf
+
+
 def _read_parts(paths: Sequence[Path], name: str) -> bytearray:
     """Reads one or more files, in order, into a single buffer (no concatenated copy on disk)."""
     try:
         sizes = [p.stat().st_size for p in paths]
-        buf = bytearray(sum(sizes))
+        too_big = ModelFileError(f"{name}: {sum(sizes) / 2 ** 30:.1f} GiB do not fit in this machine's memory")
+        if sum(sizes) > _physical_memory():  # a sparse file, say: refused before any allocation or read
+            raise too_big
+        try:
+            buf = bytearray(sum(sizes))
+        except MemoryError:
+            raise too_big from None
         view = memoryview(buf)
         pos = 0
         for path, size in zip(paths, sizes):
@@ -129,11 +142,17 @@ def _read_parts(paths: Sequence[Path], name: str) -> bytearray:
     return buf
 
 
+# Elements a tensor's shape may describe (torch computes strides in 64-bit integers).
+_MAX_ELEMENTS = 2 ** 62
+
+
 def _read_tensor(r: _Reader, name: str) -> torch.Tensor:
     rank = r.u8(f"rank of {name!r}")
     if rank > MAX_RANK:
         raise r.fail(f"variable {name!r} has rank {rank} (at most {MAX_RANK} expected)")
     dims = tuple(r.u32(f"dimensions of {name!r}") for _ in range(rank))
+    if math.prod(d for d in dims if d) > _MAX_ELEMENTS:  # even an empty tensor's strides must fit in 64 bits
+        raise r.fail(f"variable {name!r} has dimensions {list(dims)}: more elements than any tensor can hold")
     code = r.u8(f"dtype of {name!r}")
     if code not in DTYPES:
         raise r.fail(f"variable {name!r} has unknown dtype code {code} (known: {sorted(DTYPES)})")
