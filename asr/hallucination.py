@@ -1,11 +1,13 @@
-"""openai-whisper's `hallucination_silence_threshold`: with word timestamps, skip the silence around segments
-that look hallucinated (improbable, too short or too long words) instead of keeping them."""
+"""What word times decide in openai-whisper's loop: where the next window starts, and with
+`hallucination_silence_threshold` the silence skipped around segments that look hallucinated (improbable, too
+short or too long words) instead of keeping them."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
 from asr.results import Segment, Word
+from asr.whisper.window import ends_on_single_timestamp
 from audio.constants import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE
 
 if TYPE_CHECKING:
@@ -23,6 +25,7 @@ class WindowPlace(Protocol):
     segment_size: int  # the window's length in mel frames
     content_frames: int  # the audio's length in mel frames
     last_speech_timestamp: float  # the end of the last word kept so far, seconds
+    resumes_at_last_word: bool  # whether the next window starts at the last word's end (not a batched chunk)
 
 
 def word_anomaly_score(word: Word) -> float:
@@ -53,6 +56,28 @@ def last_word_end(segments: list[Segment]) -> float | None:
     return next((w.end for s in reversed(segments) for w in reversed(s.words or [])), None)
 
 
+def after_words(item: WindowPlace, result: WindowResult, segments: list[Segment], advance: int,
+                timestamp_begin: int) -> tuple[list[Segment], int]:
+    """What word times decide for a window, as openai-whisper's loop has it: the next window starts at the last
+    word's end (not the last timestamp) unless the window ended on a lone timestamp; the hallucination checks
+    when asked for; the end of the last word kept, for the next window's alignment.
+
+    Returns:
+        (the segments to keep, the frames to advance by).
+    """
+    seek = item.seek
+    if item.resumes_at_last_word and not ends_on_single_timestamp(result.tokens, timestamp_begin):
+        end = last_word_end(segments)
+        if end is not None and end > seek * HOP_LENGTH / SAMPLE_RATE:
+            advance = round(end * FRAMES_PER_SECOND) - seek
+    if item.options.hallucination_silence_threshold is not None:
+        segments, advance = skip_hallucinations(item, result, segments, advance, timestamp_begin)
+    end = last_word_end(segments)
+    if end is not None:
+        item.last_speech_timestamp = end
+    return segments, advance
+
+
 def skip_hallucinations(item: WindowPlace, result: WindowResult, segments: list[Segment], advance: int,
                         timestamp_begin: int) -> tuple[list[Segment], int]:
     """openai-whisper's checks after word alignment, for one window.
@@ -74,7 +99,7 @@ def skip_hallucinations(item: WindowPlace, result: WindowResult, segments: list[
     segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
     content_duration = item.content_frames * HOP_LENGTH / SAMPLE_RATE
     tokens = result.tokens
-    single_timestamp_ending = len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
+    single_timestamp_ending = ends_on_single_timestamp(tokens, timestamp_begin)
     new_seek = seek + advance
     if not single_timestamp_ending:
         word_end = last_word_end(segments)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from asr.hallucination import last_word_end, skip_hallucinations
+from asr.hallucination import after_words
 from asr.models.precision import pack_for_rows
 from asr.options import TranscribeOptions, check_for_model, prompt_room, prompt_texts, seek_clips
 from asr.results import Segment, Transcript, TranscriptionStats
@@ -46,12 +46,11 @@ from asr.whisper.window import (
     WindowSettings,
     decode_windows,
     encode,
-    ends_on_single_timestamp,
     kept_segments,
     no_speech_skip,
     split_segments,
 )
-from audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
+from audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel
 from audio.features import margins, recording_floor
 from audio.vad import speech_regions
 from decoding import DraftSource, LogitsFilter
@@ -499,16 +498,7 @@ class WindowDecoder:
             add_word_timestamps(segments, self.bundle, encoder_output, start_sequence, audio.segment_size,
                                 time_offset, audio.window_language or audio.language, audio.last_speech_timestamp)
             audio.stats.decode_seconds += time.perf_counter() - t
-            if audio.resumes_at_last_word and not ends_on_single_timestamp(result.tokens, special.timestamp_begin):
-                # openai-whisper: the next window starts at the last word's end, not the last timestamp.
-                end = last_word_end(segments)
-                if end is not None and end > time_offset:
-                    advance = round(end * FRAMES_PER_SECOND) - audio.seek
-            if options.hallucination_silence_threshold is not None:
-                segments, advance = skip_hallucinations(audio, result, segments, advance, special.timestamp_begin)
-            end = last_word_end(segments)
-            if end is not None:
-                audio.last_speech_timestamp = end
+            segments, advance = after_words(audio, result, segments, advance, special.timestamp_begin)
         window_end = time_offset + audio.segment_size * HOP_LENGTH / SAMPLE_RATE
         audio.consume(kept_segments(segments, window_end), advance, result.temperature)
 
