@@ -71,7 +71,7 @@ def after_words(item: WindowPlace, result: WindowResult, segments: list[Segment]
         if end is not None and end > seek * HOP_LENGTH / SAMPLE_RATE:
             advance = round(end * FRAMES_PER_SECOND) - seek
     if item.options.hallucination_silence_threshold is not None:
-        segments, advance = skip_hallucinations(item, result, segments, advance, timestamp_begin)
+        return skip_hallucinations(item, result, segments, advance, timestamp_begin)  # sets the last speech too
     end = last_word_end(segments)
     if end is not None:
         item.last_speech_timestamp = end

@@ -215,6 +215,27 @@ def _checked(samples: np.ndarray, name: str) -> np.ndarray:
     return samples
 
 
+def check_audio_head(head: bytes, name: str = "<stdin>") -> None:
+    """Refuses the first bytes of a stream when libsndfile cannot read them as audio and no ffmpeg is installed
+    (which reads formats the first bytes cannot tell), so that a pipe of anything else fails before it is read
+    whole.
+
+    Raises:
+        AudioError: the same line `load_audio_bytes` would give for the whole stream.
+    """
+    import io
+
+    import soundfile as sf
+
+    if not head or shutil.which("ffmpeg") is not None:
+        return
+    try:
+        sf.info(io.BytesIO(head))
+    except (sf.SoundFileError, RuntimeError) as error:
+        reason = _one_line(getattr(error, "error_string", error)).rstrip(".")
+        raise AudioError(f"{name}: not a readable audio file (libsndfile: {reason}; ffmpeg not installed)") from None
+
+
 def _decode_with_ffmpeg(name: str, data: bytes | None, sample_rate: int, soundfile_reason: str,
                         channel: int | None = None) -> np.ndarray:
     """Decode what libsndfile cannot read with the ffmpeg command (the file, or ``data`` on its stdin): mono f32le

@@ -135,23 +135,13 @@ def read_stdin(stream=None, limit: int = STDIN_LIMIT) -> bytes:
     Raises:
         audio.AudioError: not audio, or more than `limit` bytes (one line).
     """
-    import io
-    import shutil
     import sys
 
-    import soundfile as sf
-
-    from audio import AudioError
+    from audio import AudioError, check_audio_head
 
     stream = sys.stdin.buffer if stream is None else stream
     head = stream.read(_PIECE)
-    if head and shutil.which("ffmpeg") is None:
-        try:
-            sf.info(io.BytesIO(head))
-        except (sf.SoundFileError, RuntimeError) as error:
-            reason = str(getattr(error, "error_string", error)).splitlines()[0].rstrip(".")
-            raise AudioError(f"<stdin>: not a readable audio file (libsndfile: {reason}; ffmpeg not installed)") \
-                from None
+    check_audio_head(head)
     pieces, total = [head], len(head)
     while piece := stream.read(_PIECE):
         total += len(piece)

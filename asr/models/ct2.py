@@ -122,11 +122,12 @@ def _read_parts(paths: Sequence[Path], name: str) -> bytearray:
     """Reads one or more files, in order, into a single buffer (no concatenated copy on disk)."""
     try:
         sizes = [p.stat().st_size for p in paths]
-        too_big = ModelFileError(f"{name}: {sum(sizes) / 2 ** 30:.1f} GiB do not fit in this machine's memory")
-        if sum(sizes) > _physical_memory():  # a sparse file, say: refused before any allocation or read
+        total = sum(sizes)
+        too_big = ModelFileError(f"{name}: {total / 2 ** 30:.1f} GiB do not fit in this machine's memory")
+        if total > _physical_memory():  # a sparse file, say: refused before any allocation or read
             raise too_big
         try:
-            buf = bytearray(sum(sizes))
+            buf = bytearray(total)
         except MemoryError:
             raise too_big from None
         view = memoryview(buf)

@@ -141,6 +141,9 @@ _CONFIG_LIMITS = {"d_model": 16384, "encoder_layers": 256, "decoder_layers": 256
                   "max_target_positions": 1 << 16}
 
 
+_NOT_THE_CONFIGS = "the weights do not hold the tensors its config.json names, in their shapes"
+
+
 def check_config(config: WhisperConfig, src: str) -> None:
     """Refuses sizes no Whisper has (0, negative, not whole numbers, beyond `_CONFIG_LIMITS`) in one line.
 
@@ -184,8 +187,7 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
             raise
         except Exception as error:  # a crafted or damaged weights file: safetensors' and torch's own errors
             if "mismatched" in str(error) or "size mismatch" in str(error):
-                raise ModelFileError(f"{src}: the weights do not hold the tensors its config.json names, in their "
-                                     "shapes (transformers: size mismatch)") from None
+                raise ModelFileError(f"{src}: {_NOT_THE_CONFIGS} (transformers: size mismatch)") from None
             raise ModelFileError(f"{src}: the weights cannot be read ({type(error).__name__}: "
                                  f"{first_line(error)})") from None
         # transformers fills what the weights lack with random values, and drops what the config does not name,
@@ -194,8 +196,7 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
             str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()]
         if missing:
             shown = ", ".join(sorted(missing)[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            raise ModelFileError(f"{src}: the weights do not hold the tensors its config.json names, in their "
-                                 f"shapes ({shown})")
+            raise ModelFileError(f"{src}: {_NOT_THE_CONFIGS} ({shown})")
         model = model.to(device).eval()
         if dtype == INT8:
             quantize_model(model)
