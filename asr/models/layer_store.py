@@ -6,17 +6,28 @@ Each offloaded layer is one safetensors file in the offload folder, in the dtype
 fetch is one read of a contiguous block (`preadv` into one of two reused buffers, the next layer read on a
 background thread while the current one computes) or a memory map of the file (`mmap`), or, for
 comparison, accelerate's own `OffloadedWeightsLoader` over the same files (`accelerate`).
+
+The layer files stay open from the moment they are written: a folder deleted or cleaned mid-run takes nothing
+the store still reads. A folder that fills up while they are written, or a file cut short under the store, is
+an `OffloadError` (one line naming the folder), never a traceback or weights read from missing bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import mmap
 import os
+import shutil
 import struct
+import weakref
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 #: How an offloaded layer is read back (see the module docstring).
@@ -24,6 +35,11 @@ READERS = ("read", "mmap", "accelerate")
 
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I8": torch.int8,
            "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+
+
+class OffloadError(ValueError):
+    """Offload options that cannot be honoured for this model (too little memory for its resident parts), or an
+    offload folder that fails under the store (full, its files cut short or unreadable)."""
 
 
 def safetensors_header(path: Path) -> tuple[dict, int]:
@@ -40,8 +56,16 @@ def read_tensor(handle, entry: dict, data_start: int) -> torch.Tensor:
     begin, end = entry["data_offsets"]
     out = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
     if end > begin:
-        os.preadv(handle.fileno(), [memoryview(out.view(-1).view(torch.uint8).numpy())], data_start + begin)
+        _read_exactly(handle.fileno(), out.view(-1).view(torch.uint8), data_start + begin)
     return out
+
+
+def _read_exactly(fd: int, out: torch.Tensor, offset: int) -> None:
+    """Fills the bytes of `out` from `fd` at `offset`; a file that ends sooner is an OSError, never stale bytes."""
+    wanted = out.numel()
+    got = os.preadv(fd, [memoryview(out.numpy())], offset)
+    if got != wanted:
+        raise OSError(errno.EIO, f"file cut short: {got} of {wanted} bytes at offset {offset}")
 
 
 def map_tensors(path: Path, header: dict, data_start: int) -> dict[str, torch.Tensor]:
@@ -81,6 +105,8 @@ class LayerStore:
         self._pending: tuple[int, Future] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="offload") if prefetch else None
         self._stream = None
+        # The folder and its layer files are this store's own: they go when the store does, or at exit.
+        self._remove = weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True) if folder else None
 
     # --- filling -------------------------------------------------------------------------------------------
 
@@ -91,20 +117,38 @@ class LayerStore:
             self.layers[index] = _Layer(None, {n: (t.pin_memory() if pinned else t) for n, t in weights.items()}, 0, 0)
         else:
             path = self.folder / f"layer_{index}.safetensors"
-            save_file({n: t.contiguous() for n, t in weights.items()}, str(path))
-            with open(path, "rb+") as handle:
+            try:
+                save_file({n: t.contiguous() for n, t in weights.items()}, str(path))
+                handle = open(path, "rb", buffering=0)  # kept open: the store reads it by descriptor, not by name
                 os.fsync(handle.fileno())  # dirty pages would survive the page-cache drop below
-            header, start = safetensors_header(path)
+                header, start = safetensors_header(path)
+            except OSError as error:
+                raise self._failed("cannot write the layer files to", error) from None
             size = max(entry["data_offsets"][1] for entry in header.values())
-            self.layers[index] = _Layer(path, header, start, size)
+            self.layers[index] = _Layer(path, header, start, size, handle)
         self.order = sorted(self.layers)
 
     def map_resident(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`weights` written to one file in the folder and returned as views of its memory map (`map_tensors`)."""
         path = self.folder / "resident.safetensors"
-        save_file({n: t.contiguous() for n, t in weights.items()}, str(path))
-        header, start = safetensors_header(path)
-        return map_tensors(path, header, start)
+        try:
+            save_file({n: t.contiguous() for n, t in weights.items()}, str(path))
+            header, start = safetensors_header(path)
+            return map_tensors(path, header, start)  # a mapping outlives the file's name
+        except (OSError, RuntimeError) as error:  # torch.from_file raises RuntimeError
+            raise self._failed("cannot write the resident weights to", error) from None
+
+    def weights_of(self, index: int) -> Mapping[str, torch.Tensor]:
+        """Layer `index`'s weights as a mapping that reads each tensor into fresh memory when asked (accelerate's
+        hooks for module forwards), from the open file or from memory."""
+        layer = self.layers[index]
+        return layer.entries if layer.handle is None else _FileWeights(self, layer)
+
+    def _failed(self, what: str, error: BaseException) -> OffloadError:
+        reason = getattr(error, "strerror", None) or str(error)
+        if getattr(error, "errno", None) == errno.ENOSPC:
+            reason = "no space left on the device; free some or give --offload-folder on a larger disk"
+        return OffloadError(f"{what} offload folder {self.folder}: {reason}")
 
     @property
     def nbytes(self) -> int:
@@ -130,25 +174,31 @@ class LayerStore:
 
     def _load(self, index: int) -> dict[str, torch.Tensor]:
         layer = self.layers[index]
-        if layer.path is None:
+        if layer.handle is None:
             return self._to_device(layer.entries)
+        try:
+            weights = self._read(layer)
+            if self.drop_page_cache:
+                os.posix_fadvise(layer.handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        except (OSError, ValueError, SafetensorError) as error:  # mmap raises ValueError
+            raise self._failed(f"cannot read {layer.path.name} from", error) from None
+        return self._to_device(weights)
+
+    def _read(self, layer: "_Layer") -> dict[str, torch.Tensor]:
         if self.reader == "accelerate":
-            weights = self._accelerate(layer)
-        elif self.reader == "mmap":
+            return self._accelerate(layer)
+        if self.reader == "mmap":
             # MAP_PRIVATE over the file: pages fault in from the page cache as the kernels touch them, and
             # leave this process's resident set when the last view is dropped.
-            weights = map_tensors(layer.path, layer.entries, layer.start)
-        else:
-            buffer = self._buffer(layer.nbytes)
-            with open(layer.path, "rb", buffering=0) as handle:
-                os.preadv(handle.fileno(), [memoryview(buffer[:layer.nbytes].numpy())], layer.start)
-                if self.drop_page_cache:
-                    os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            weights = _views(buffer, layer.entries)
-        if self.drop_page_cache and self.reader != "read":
-            with open(layer.path, "rb") as handle:
-                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        return self._to_device(weights)
+            size = layer.start + layer.nbytes
+            if os.fstat(layer.handle.fileno()).st_size < size:  # a page beyond the end would be SIGBUS, not zeros
+                raise OSError(errno.EIO, "file cut short")
+            data = mmap.mmap(layer.handle.fileno(), size, flags=mmap.MAP_PRIVATE,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            return _views(torch.frombuffer(data, dtype=torch.uint8)[layer.start:], layer.entries)
+        buffer = self._buffer(layer.nbytes)
+        _read_exactly(layer.handle.fileno(), buffer[:layer.nbytes], layer.start)
+        return _views(buffer, layer.entries)
 
     def _accelerate(self, layer: "_Layer") -> dict[str, torch.Tensor]:
         from accelerate.utils import OffloadedWeightsLoader
@@ -185,21 +235,58 @@ class LayerStore:
             event.synchronize()  # the pinned read buffer is refilled two layers on: the copy must be done by then
         return moved
 
+    @contextlib.contextmanager
+    def discarded_on_error(self) -> Iterator[None]:
+        """Closes the store and removes its folder at once if the block fails (filling it, say)."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            if self._remove is not None:
+                self._remove()
+            raise
+
     def close(self) -> None:
-        """Waits for a read in flight and stops the reading thread."""
+        """Waits for a read in flight, stops the reading thread and closes the layer files."""
         if self._pending is not None:
-            self._pending[1].result()
+            self._pending[1].exception()  # a failed read has nobody left to tell
             self._pending = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        for layer in self.layers.values():
+            if layer.handle is not None:
+                layer.handle.close()
 
 
 class _Layer:
-    """Where one offloaded layer lives: a file with its header (`entries`), or the tensors themselves."""
+    """Where one offloaded layer lives: a file (open as `handle`) with its header (`entries`), or the tensors."""
 
-    def __init__(self, path: Path | None, entries: dict, start: int, nbytes: int) -> None:
-        self.path, self.entries, self.start = path, entries, start
+    def __init__(self, path: Path | None, entries: dict, start: int, nbytes: int, handle=None) -> None:
+        self.path, self.entries, self.start, self.handle = path, entries, start, handle
         self.nbytes = nbytes if path is not None else sum(t.numel() * t.element_size() for t in entries.values())
+
+
+class _FileWeights(Mapping):
+    """One offloaded layer's tensors by name, each read from its open file into fresh memory when asked."""
+
+    def __init__(self, store: LayerStore, layer: _Layer) -> None:
+        self.store, self.layer = store, layer
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        entry = self.layer.entries[name]  # KeyError for a name the layer lacks, as a mapping should
+        try:
+            return read_tensor(self.layer.handle, entry, self.layer.start)
+        except OSError as error:
+            raise self.store._failed(f"cannot read {self.layer.path.name} from", error) from None
+
+    def __iter__(self):
+        return iter(self.layer.entries)
+
+    def __len__(self) -> int:
+        return len(self.layer.entries)
+
+    def __deepcopy__(self, memo: dict) -> "_FileWeights":
+        return self  # a copied module (a low-precision copy of the decoder) reads the same open files
 
 
 def _views(data: torch.Tensor, header: dict) -> dict[str, torch.Tensor]:

@@ -18,24 +18,19 @@ import logging
 import os
 import shutil
 import tempfile
-import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
-from asr.models.layer_store import READERS, LayerStore, map_tensors, read_tensor, safetensors_header
+from asr.models.layer_store import READERS, LayerStore, OffloadError, map_tensors, read_tensor, safetensors_header
 
 logger = logging.getLogger(__name__)
 
 #: Where `--offload` may put the layers that are not resident.
 OFFLOAD_DEVICES = ("cpu", "disk")
 _LAYERS = "model.decoder.layers."
-
-
-class OffloadError(ValueError):
-    """Offload options that cannot be honoured for this model (too little memory for its resident parts)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +171,7 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
     over the same weights.
 
     Raises:
-        OffloadError: see `plan_placement`.
+        OffloadError: see `plan_placement`; or the offload folder has no room for the layer files.
         OSError: the checkpoint cannot be read.
     """
     from accelerate.utils import set_module_tensor_to_device
@@ -187,36 +182,37 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
     placement = plan_placement(model, options, dtype)
     # Under a cgroup memory limit (read once here) every megabyte left to the page cache counts.
     limited = torch.device(device).type == "cpu" and memory_limit() is not None
-    store = _new_store(options, device, limited)
-    wanted = {i: {n for n, _ in model.get_decoder().layers[i].named_parameters()} for i in placement.offloaded}
-    pending: dict[int, dict[str, torch.Tensor]] = {i: {} for i in placement.offloaded}
-    # On a CPU the resident weights stay file-backed: views of the checkpoint's memory map, or of a converted
-    # copy in the offload folder. Under a memory limit the kernel can then drop and re-read their pages, as it
-    # does for a model transformers loads whole; read into this process's own memory they could not leave it.
-    mapped = store.folder is not None and torch.device(device).type == "cpu"
-    converted: dict[str, torch.Tensor] = {}
-    # (Offloaded layers are read, not mapped: only their files in the offload folder are touched afterwards.)
-    resident = (lambda name: _layer_of(name)[0] not in pending) if mapped else None
-    for name, tensor in _checkpoint_tensors(folder, resident):
-        index, rest = _layer_of(name)
-        if tensor.is_floating_point() and tensor.dtype != dtype:
-            tensor = tensor.to(dtype)
-            if mapped and index not in pending:
-                converted[name] = tensor
-                continue
-        if index in pending:
-            pending[index][rest] = tensor
-            if pending[index].keys() == wanted[index]:
-                store.add(index, pending.pop(index))
-        else:
-            set_module_tensor_to_device(model, name, device, value=tensor, dtype=tensor.dtype)
-    if converted:
-        for name, tensor in store.map_resident(converted).items():
-            set_module_tensor_to_device(model, name, device, value=tensor, dtype=tensor.dtype)
-    model.tie_weights()
-    missing = [n for n, p in model.named_parameters() if p.is_meta and _layer_of(n)[0] not in store.layers]
-    if missing or pending:
-        raise OSError(f"{folder}: checkpoint lacks {', '.join(missing[:3]) or 'some offloaded layer weights'}")
+    store = _new_store(options, device, limited, placement.offloaded_bytes)
+    with store.discarded_on_error():  # a failed load leaves no layer files behind
+        wanted = {i: {n for n, _ in model.get_decoder().layers[i].named_parameters()} for i in placement.offloaded}
+        pending: dict[int, dict[str, torch.Tensor]] = {i: {} for i in placement.offloaded}
+        # On a CPU the resident weights stay file-backed: views of the checkpoint's memory map, or of a converted
+        # copy in the offload folder. Under a memory limit the kernel can then drop and re-read their pages, as it
+        # does for a model transformers loads whole; read into this process's own memory they could not leave it.
+        mapped = store.folder is not None and torch.device(device).type == "cpu"
+        converted: dict[str, torch.Tensor] = {}
+        # (Offloaded layers are read, not mapped: only their files in the offload folder are touched afterwards.)
+        resident = (lambda name: _layer_of(name)[0] not in pending) if mapped else None
+        for name, tensor in _checkpoint_tensors(folder, resident):
+            index, rest = _layer_of(name)
+            if tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+                if mapped and index not in pending:
+                    converted[name] = tensor
+                    continue
+            if index in pending:
+                pending[index][rest] = tensor
+                if pending[index].keys() == wanted[index]:
+                    store.add(index, pending.pop(index))
+            else:
+                set_module_tensor_to_device(model, name, device, value=tensor, dtype=tensor.dtype)
+        if converted:
+            for name, tensor in store.map_resident(converted).items():
+                set_module_tensor_to_device(model, name, device, value=tensor, dtype=tensor.dtype)
+        model.tie_weights()
+        missing = [n for n, p in model.named_parameters() if p.is_meta and _layer_of(n)[0] not in store.layers]
+        if missing or pending:
+            raise OSError(f"{folder}: checkpoint lacks {', '.join(missing[:3]) or 'some offloaded layer weights'}")
     generation = folder / "generation_config.json"
     if generation.is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
@@ -306,34 +302,40 @@ def materialized(layer: torch.nn.Module) -> Iterator[torch.nn.Module]:
         hook.post_forward(layer, None)
 
 
-def _new_store(options: OffloadOptions, device: str, limited: bool) -> LayerStore:
+def _new_store(options: OffloadOptions, device: str, limited: bool, needed: int) -> LayerStore:
     if options.device == "cpu":
         return LayerStore(None, torch.device(device), prefetch=options.prefetch)
     parent = Path(options.folder).expanduser() if options.folder else None
-    folder = Path(tempfile.mkdtemp(prefix="asr-offload-", dir=parent))
+    _check_room(parent or Path(tempfile.gettempdir()), needed)
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="asr-offload-", dir=parent))
+    except OSError as error:  # the folder went between the option check and the load
+        raise OffloadError(f"cannot write to offload folder {parent or tempfile.gettempdir()}: "
+                           f"{error.strerror or error}") from None
     # Under a memory limit (`limited`) the layer files, read once a pass, would push the resident weights' pages
     # out of the page cache the limit leaves: they are dropped after each read (docs/offload.md: 20.6 s against
     # 26.2 s at a 700 MB limit).
-    store = LayerStore(folder, torch.device(device), reader=options.reader, prefetch=options.prefetch,
-                       drop_page_cache=options.drop_page_cache or limited)
-    # The layer files are this process's own copy: they go when the model does, or at exit.
-    weakref.finalize(store, shutil.rmtree, folder, ignore_errors=True)
-    return store
+    return LayerStore(folder, torch.device(device), reader=options.reader, prefetch=options.prefetch,
+                      drop_page_cache=options.drop_page_cache or limited)
+
+
+def _check_room(folder: Path, needed: int) -> None:
+    """Refuses a folder without room for the layer files before any is written (a folder that fills up anyway,
+    beside another writer, is the store's one-line error)."""
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise OffloadError(f"offload folder {folder} has {_mb(free)} free and the offloaded layers need "
+                           f"{_mb(needed)}; free some space or give --offload-folder on a larger disk")
 
 
 def _attach_hooks(model: torch.nn.Module, store: LayerStore, device: str) -> None:
     from accelerate.hooks import AlignDevicesHook, add_hook_to_module
-    from accelerate.utils import OffloadedWeightsLoader
 
     layers = model.get_decoder().layers
-    for index, layer in store.layers.items():
-        if layer.path is None:
-            weights = layer.entries
-        else:
-            weights = OffloadedWeightsLoader(index={n: {"safetensors_file": str(layer.path), "weight_name": n}
-                                                    for n in layer.entries})
+    for index in store.layers:
         add_hook_to_module(layers[index], AlignDevicesHook(execution_device=device, offload=True,
-                                                           weights_map=weights, place_submodules=True))
+                                                           weights_map=store.weights_of(index),
+                                                           place_submodules=True))
 
 
 def _layer_of(name: str) -> tuple[int | None, str]:
