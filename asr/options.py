@@ -164,8 +164,9 @@ def split_numbers(text: str, kind: type, description: str) -> tuple:
     """
     try:
         return tuple(kind(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"{description}, got {text!r}") from None
+    except ValueError:  # also a number of more than 4,300 digits: shown cut, so the error stays one line
+        shown = text if len(text) <= 80 else text[:60] + "..." + text[-10:]
+        raise ValueError(f"{description}, got {shown!r}") from None
 
 
 def parse_suppress_tokens(text: str) -> tuple[int, ...]:

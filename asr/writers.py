@@ -63,8 +63,12 @@ class SubtitleOptions:
 
 def subtitle_cues(transcript: Transcript, options: SubtitleOptions | None = None) -> Iterator[tuple[float, float, str]]:
     """(start, end, text) of each srt/vtt cue: one per segment, or laid out from the words by `options`."""
-    options = options or SubtitleOptions()
-    segments = transcript.segments
+    for start, end, text in _cues(transcript.segments, options or SubtitleOptions()):
+        if text:  # a cue of nothing but white space would be a blank cue
+            yield start, end, text
+
+
+def _cues(segments: list[Segment], options: SubtitleOptions) -> Iterator[tuple[float, float, str]]:
     if not any(segment.words for segment in segments):
         for segment in segments:
             yield segment.start, segment.end, _cue_text(segment.text.strip())
@@ -126,7 +130,10 @@ def _underline(word: str) -> str:
 
 
 def _cue_text(text: str) -> str:
-    return text.replace("-->", "->")
+    """A cue's text as players read it: no "-->" (it would read as a cue's times), and no blank or padded lines
+    (a blank line ends a cue, whatever text follows)."""
+    lines = (line.strip() for line in re.sub(r"--+>", "->", text).splitlines())
+    return "\n".join(line for line in lines if line)
 
 
 def _ms(seconds: float) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -10,8 +11,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asr.assist.draft_model import DraftDecoder, load_draft
+from asr.assist.draft_model import DraftDecoder, load_draft, save_draft
 from asr.cli import main
+from asr.models.registry import load_model
 from tests.conftest import SAMPLES
 from tests.test_ct2 import tiny_whisper
 
@@ -106,6 +108,17 @@ def test_a_restricted_draft_proposes_only_its_tokens(tiny_whisper_folder: Path) 
 def test_a_draft_refuses_a_model_it_was_not_trained_for(distilled: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="was trained for model"):
         load_draft(distilled, tiny_whisper(seed=4))
+
+
+@pytest.mark.parametrize("layers", [[], [7], [-1], None, "0", [0.5], [True]])
+def test_a_draft_json_with_impossible_teacher_layers_is_one_line(tiny_whisper_folder: Path, tmp_path: Path,
+                                                                 layers) -> None:
+    bundle = load_model(str(tiny_whisper_folder))
+    save_draft(DraftDecoder(bundle.model, [1]), bundle.model, tmp_path / "draft", model_name="tiny", training={})
+    description = json.loads((tmp_path / "draft" / "draft.json").read_text())
+    (tmp_path / "draft" / "draft.json").write_text(json.dumps({**description, "teacher_layers": layers}))
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'draft' / 'draft.json'}: ")):
+        load_draft(tmp_path / "draft", bundle.model)
 
 
 @pytest.mark.slow  # trains a draft (the `distilled` fixture)

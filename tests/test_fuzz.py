@@ -16,7 +16,7 @@ import soundfile as sf
 import torch
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from asr.batch.sources import iter_items  # noqa: E402
@@ -197,3 +197,56 @@ def test_audio_loader_returns_sane_samples_or_raises_audio_error(tmp_path_factor
         return
     assert samples.dtype == np.float32 and samples.ndim == 1 and samples.size > 0
     assert np.isfinite(samples).all() and np.abs(samples).max() <= 1.0
+
+
+WAV_FIELDS = {
+    "format": st.sampled_from([1, 3, 0xFFFE, 2, 0, 0x55]),
+    "channels": st.sampled_from([0, 1, 2, 6, 255, 65535]),
+    "rate": st.sampled_from([0, 1, 8000, 16000, 44100, 768000, 768001, 2 ** 31, 2 ** 32 - 1]),
+    "bits": st.sampled_from([0, 7, 8, 16, 24, 32, 64, 65535]),
+    "block_lie": st.sampled_from([None, 0, 1, 65535]),
+    "data_size": st.sampled_from([None, 0, 1, 2 ** 31, 2 ** 32 - 1]),
+    "riff_size": st.sampled_from([None, 0, 4, 2 ** 32 - 1]),
+    "frames": st.integers(0, 4000),
+}
+
+
+HONEST_WAV = {"format": 1, "channels": 1, "rate": 16000, "bits": 16, "block_lie": None, "data_size": None,
+              "riff_size": None}
+
+
+@FUZZ
+@given(data=st.data())
+def test_wav_headers_that_lie_give_sane_samples_or_one_line(tmp_path_factory: pytest.TempPathFactory,
+                                                            data: st.DataObject) -> None:
+    """Fields of a WAV header crafted (format, channels, rate, bits, block size, data and RIFF sizes; one to all
+    of them) over a little real data: sane samples or one line, at about baseline memory (data under 64 KB)."""
+    import resource
+
+    lies = data.draw(st.sets(st.sampled_from(sorted(HONEST_WAV)), min_size=1, max_size=len(HONEST_WAV)))
+    fields = {**HONEST_WAV, **{name: data.draw(WAV_FIELDS[name]) for name in lies},
+              "frames": data.draw(WAV_FIELDS["frames"])}
+
+    channels, bits = fields["channels"], fields["bits"]
+    block = fields["block_lie"] if fields["block_lie"] is not None else max(1, channels * bits // 8) % 65536
+    data = np.random.default_rng(0).integers(-2000, 2000, fields["frames"] * 8, dtype=np.int16).tobytes()[:65536]
+    data_size = len(data) if fields["data_size"] is None else fields["data_size"]
+    fmt = struct.pack("<HHIIHH", fields["format"], channels, fields["rate"],
+                      (fields["rate"] * block) % 2 ** 32, block, bits)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", data_size) + data
+    riff = len(body) if fields["riff_size"] is None else fields["riff_size"]
+    path = tmp_path_factory.mktemp("wav") / "a.wav"
+    path.write_bytes(b"RIFF" + struct.pack("<I", riff) + body)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        samples = load_audio(path)
+    except AudioError as error:
+        _one_line(error)
+        assert str(path) in str(error)
+        event("refused")
+    else:
+        event("read")
+        assert samples.dtype == np.float32 and samples.ndim == 1 and samples.size > 0
+        assert np.isfinite(samples).all() and np.abs(samples).max() <= 1.0
+        assert samples.size <= 16000 * (len(data) + 1)  # never more audio than the bytes hold
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024

@@ -159,6 +159,30 @@ def test_crafted_safetensors_are_one_line(tmp_path: Path, damage: str) -> None:
         load_model(str(folder))
 
 
+@pytest.mark.parametrize("damage", ["a dtype that lies", "offsets beyond the file", "another shape",
+                                    "a header that is an array", "a header length of 2^62", "truncated"])
+def test_crafted_safetensors_are_one_line_when_offloaded_too(tmp_path: Path, damage: str) -> None:
+    # Offloading reads the checkpoint itself, tensor by tensor: its header is checked as safetensors checks it
+    # (a header length of 2^64 - 1 had it read the whole file and more into memory).
+    from asr.models.offload import OffloadOptions
+
+    folder = tiny_whisper_in(tmp_path / "model", seed=5)
+    _crafted_weights(folder, damage)
+    with pytest.raises(ModelFileError, match=re.escape(str(folder))):
+        load_model(str(folder), offload=OffloadOptions("disk"))
+
+
+@pytest.mark.parametrize("field, value", [("hop_length", 200), ("sampling_rate", 8000), ("n_fft", 512),
+                                          ("chunk_length", 10), ("feature_size", "80"), ("n_fft", 4.5)])
+def test_a_feature_extractor_unlike_whispers_is_one_line(tmp_path: Path, field: str, value) -> None:
+    # audio.features computes Whisper's framing; a config that asks for another would be silently ignored.
+    folder = tiny_whisper_in(tmp_path / "model", seed=5)
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(ModelFileError, match=re.escape(str(folder))):
+        load_model(str(folder))
+
+
 def test_asr_models_does_not_hash_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ASSISTED_WHISPER_CACHE", str(tmp_path))
     monkeypatch.setattr(cache, "_sha256", lambda path: pytest.fail("hashed while listing"))

@@ -140,3 +140,12 @@ def test_write_outputs_lays_out_srt_and_vtt_only_and_names_channels(fox, tmp_pat
     assert (tmp_path / "talk.left.vtt").read_text() == _vtt(fox, options)
     assert (tmp_path / "talk.left.txt").read_text().splitlines() == [s.text.strip() for s in fox.segments]
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_blank_words_and_line_breaks_in_words_never_end_a_cue_early() -> None:
+    # A blank line ends an srt/vtt cue whatever follows it; a cue of white space alone would be a blank cue.
+    transcript = _transcript(_segment(0, [(" one", 0.0, 0.5), ("\n\n", 0.5, 0.6), (" two -", 0.6, 1.0),
+                                          ("->", 1.0, 1.2)]),
+                             _segment(1, [(" ", 2.0, 2.5)]))
+    assert _srt(transcript) == "1\n00:00:00,000 --> 00:00:01,200\none\ntwo ->\n\n"
+    assert _vtt(transcript) == "WEBVTT\n\n00:00.000 --> 00:01.200\none\ntwo ->\n\n"

@@ -241,7 +241,14 @@ def load_draft(folder: str | Path, model: torch.nn.Module) -> DraftDecoder:
         raise ValueError(f"{folder / WEIGHTS_FILE}: cannot read draft weights ({first_line(error)})") from None
     for name in model_probe(model):  # checked by check_draft
         tensors.pop(name)
-    draft = DraftDecoder(model, description["teacher_layers"])
+    layers = description.get("teacher_layers")
+    if not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise ValueError(f"{folder / CONFIG_FILE}: teacher_layers must be a list of layer numbers, "
+                         f"got {str(layers)[:40]}")
+    try:
+        draft = DraftDecoder(model, layers)
+    except ValueError as error:
+        raise ValueError(f"{folder / CONFIG_FILE}: {error}") from None
     vocabulary = tensors.pop("vocabulary", None)
     own = draft.trainable()
     if set(tensors) != set(own):

@@ -47,6 +47,11 @@ class ModelFileError(ValueError):
     """A model file is missing, truncated, or not a CTranslate2 file this reader understands."""
 
 
+#: Why a model folder whose weights and config.json disagree is refused (transformers would fill the gaps with
+#: random values).
+WEIGHTS_UNLIKE_CONFIG = "the weights do not hold the tensors its config.json names, in their shapes"
+
+
 @dataclass(frozen=True)
 class Ct2File:
     """The contents of one ``model.bin``.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import mmap
 import os
 import shutil
@@ -30,9 +31,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
+from asr.models.ct2 import ModelFileError
+
 #: How an offloaded layer is read back (see the module docstring).
 READERS = ("read", "mmap", "accelerate")
 
+# safetensors' own limit on a header (its Rust reader refuses larger ones).
+_MAX_HEADER = 100 * 2 ** 20
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I8": torch.int8,
            "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
 
@@ -43,12 +48,52 @@ class OffloadError(ValueError):
 
 
 def safetensors_header(path: Path) -> tuple[dict, int]:
-    """The header of a safetensors file (name -> dtype, shape, data_offsets) and where its data starts."""
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
+    """The header of a safetensors file (name -> dtype, shape, data_offsets) and where its data starts, every
+    entry checked against the file (safetensors' own rules), so nothing read later trusts a lie.
+
+    Raises:
+        ModelFileError: naming the file and what is wrong with it.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            (length,) = struct.unpack("<Q", prefix) if len(prefix) == 8 else (-1,)
+            if not 0 < length <= min(size - 8, _MAX_HEADER):
+                raise ModelFileError(f"{path}: not a safetensors file (its header length {length} does not fit "
+                                     f"its {size} bytes)")
+            header = json.loads(handle.read(length))
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, nested beyond reason
+        if isinstance(error, ModelFileError):
+            raise
+        raise ModelFileError(f"{path}: not a safetensors file (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path}: not a safetensors file (its header is not a JSON object)")
     header.pop("__metadata__", None)
+    for name, entry in header.items():
+        problem = _entry_problem(entry, size - 8 - length)
+        if problem:
+            raise ModelFileError(f"{path}: tensor {name[:80]!r} {problem}")
     return header, 8 + length
+
+
+def _entry_problem(entry: object, data_size: int) -> str | None:
+    """What makes one header entry unreadable, or None."""
+    if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
+        return f"has no dtype this reader knows ({', '.join(_DTYPES)})"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or len(shape) > 8 or not all(_whole(d) for d in shape):
+        return "has no shape of at most 8 whole sizes"
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_whole(o) for o in offsets) \
+            or not offsets[0] <= offsets[1] <= data_size:
+        return f"has data offsets {str(offsets)[:40]} outside the file's {data_size} bytes of data"
+    if math.prod(shape) * _DTYPES[entry["dtype"]].itemsize != offsets[1] - offsets[0]:
+        return f"has shape {shape} in {entry['dtype']}, which its {offsets[1] - offsets[0]} bytes do not hold"
+    return None
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def read_tensor(handle, entry: dict, data_start: int) -> torch.Tensor:

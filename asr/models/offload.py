@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from asr.models.ct2 import WEIGHTS_UNLIKE_CONFIG, ModelFileError
 from asr.models.layer_store import READERS, LayerStore, OffloadError, map_tensors, read_tensor, safetensors_header
 
 logger = logging.getLogger(__name__)
@@ -183,6 +184,7 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
     # Under a cgroup memory limit (read once here) every megabyte left to the page cache counts.
     limited = torch.device(device).type == "cpu" and memory_limit() is not None
     store = _new_store(options, device, limited, placement.offloaded_bytes)
+    shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
     with store.discarded_on_error():  # a failed load leaves no layer files behind
         wanted = {i: {n for n, _ in model.get_decoder().layers[i].named_parameters()} for i in placement.offloaded}
         pending: dict[int, dict[str, torch.Tensor]] = {i: {} for i in placement.offloaded}
@@ -194,6 +196,8 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
         # (Offloaded layers are read, not mapped: only their files in the offload folder are touched afterwards.)
         resident = (lambda name: _layer_of(name)[0] not in pending) if mapped else None
         for name, tensor in _checkpoint_tensors(folder, resident):
+            if shapes.get(name) != tensor.shape:  # transformers refuses it too (asr.models.registry)
+                raise ModelFileError(f"{folder}: {WEIGHTS_UNLIKE_CONFIG} ({name[:80]!r})")
             index, rest = _layer_of(name)
             if tensor.is_floating_point() and tensor.dtype != dtype:
                 tensor = tensor.to(dtype)
@@ -212,7 +216,7 @@ def load_offloaded(folder: Path, config, options: OffloadOptions, device: str,
         model.tie_weights()
         missing = [n for n, p in model.named_parameters() if p.is_meta and _layer_of(n)[0] not in store.layers]
         if missing or pending:
-            raise OSError(f"{folder}: checkpoint lacks {', '.join(missing[:3]) or 'some offloaded layer weights'}")
+            raise ModelFileError(f"{folder}: {WEIGHTS_UNLIKE_CONFIG} (no {', '.join(missing[:3]) or 'layer weights'})")
     generation = folder / "generation_config.json"
     if generation.is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
@@ -352,7 +356,12 @@ def _checkpoint_tensors(folder: Path, mapped: Callable[[str], bool] | None = Non
     into fresh memory, or, where `mapped(name)` holds, a view of a private memory map of the file."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            raise ModelFileError(f"{index}: not a safetensors index (a weight_map of file names)") from None
+        if not all(isinstance(f, str) and f and Path(f).name == f for f in files):
+            raise ModelFileError(f"{index}: names files outside its folder")
     elif (folder / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:

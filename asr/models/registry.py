@@ -37,7 +37,7 @@ from asr.models.cache import (
     ct2_source,
     package_source,
 )
-from asr.models.ct2 import ModelFileError
+from asr.models.ct2 import WEIGHTS_UNLIKE_CONFIG, ModelFileError
 from asr.models.offload import (
     OffloadError,
     OffloadOptions,
@@ -141,7 +141,9 @@ _CONFIG_LIMITS = {"d_model": 16384, "encoder_layers": 256, "decoder_layers": 256
                   "max_target_positions": 1 << 16}
 
 
-_NOT_THE_CONFIGS = "the weights do not hold the tensors its config.json names, in their shapes"
+# The framing of every Whisper model's log-mel features, which `audio.features` computes.
+WHISPER_FEATURES = {"sampling_rate": 16000, "n_fft": 400, "hop_length": 160, "chunk_length": 30,
+                    "n_samples": 480000, "nb_max_frames": 3000}
 
 
 def check_config(config: WhisperConfig, src: str) -> None:
@@ -187,7 +189,7 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
             raise
         except Exception as error:  # a crafted or damaged weights file: safetensors' and torch's own errors
             if "mismatched" in str(error) or "size mismatch" in str(error):
-                raise ModelFileError(f"{src}: {_NOT_THE_CONFIGS} (transformers: size mismatch)") from None
+                raise ModelFileError(f"{src}: {WEIGHTS_UNLIKE_CONFIG} (transformers: size mismatch)") from None
             raise ModelFileError(f"{src}: the weights cannot be read ({type(error).__name__}: "
                                  f"{first_line(error)})") from None
         # transformers fills what the weights lack with random values, and drops what the config does not name,
@@ -196,7 +198,7 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
             str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()]
         if missing:
             shown = ", ".join(sorted(missing)[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            raise ModelFileError(f"{src}: {_NOT_THE_CONFIGS} ({shown})")
+            raise ModelFileError(f"{src}: {WEIGHTS_UNLIKE_CONFIG} ({shown})")
         model = model.to(device).eval()
         if dtype == INT8:
             quantize_model(model)
@@ -214,11 +216,17 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
         raise ModelFileError(f"{src}: the tokenizer files cannot be read ({first_line(error)})") from None
     try:
         feature_extractor = WhisperFeatureExtractor.from_pretrained(src, **hub)
-    except ValueError as error:
+    except OSError:
+        raise
+    except Exception as error:  # not JSON, or values transformers cannot build an extractor from
         raise ModelFileError(f"{src}: the feature extractor config cannot be read ({first_line(error)})") from None
     if feature_extractor.feature_size != config.num_mel_bins:
-        raise ModelFileError(f"{src}: feature extractor makes {feature_extractor.feature_size} mel bins, "
+        raise ModelFileError(f"{src}: feature extractor makes {feature_extractor.feature_size!r} mel bins, "
                              f"the model expects {config.num_mel_bins}")
+    for field, value in WHISPER_FEATURES.items():  # audio.features computes Whisper's features, and no others
+        if getattr(feature_extractor, field, value) != value:
+            raise ModelFileError(f"{src}: its feature extractor config gives {field} = "
+                                 f"{str(getattr(feature_extractor, field))[:40]}; Whisper's features have {value}")
     gen = model.generation_config
     flag = getattr(gen, "is_multilingual", None)
     is_multilingual = bool(flag) if flag is not None else config.vocab_size >= 51865  # openai/whisper's test
