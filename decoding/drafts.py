@@ -205,3 +205,78 @@ class PromptLookupDraft:
 
     def select(self, rows: Sequence[int]) -> None:
         pass
+
+
+class ReferenceDraft:
+    """Drafts the continuation of a reference sequence that the output is expected to repeat (a live
+    transcriber's last hypothesis of the same audio), and hands the rows it cannot draft to a fallback source.
+
+    Where a row's tokens so far follow the reference (from `begin`'s prompt on), the next reference tokens are
+    proposed; where they parted, the last `max_ngram`..1 tokens are looked up in the reference to find it again
+    (a word inserted, a timestamp moved); where neither finds a continuation, the fallback drafts at most
+    `fallback_k` tokens (none without a fallback). The model verifies every proposal, so the output is the same.
+
+    Args:
+        reference: the tokens expected after the prompt, for every row.
+        fallback: the source for rows the reference cannot draft (an assistant), or None.
+        fallback_k: most tokens the fallback drafts a round.
+        max_ngram: longest tail looked up where the row parted from the reference.
+        resync_k: most tokens proposed after such a lookup.
+    """
+
+    def __init__(self, reference: Sequence[int], fallback: DraftSource | None = None, fallback_k: int = 5,
+                 max_ngram: int = 3, resync_k: int = 8) -> None:
+        self.reference = list(reference)
+        self.resync_k = resync_k
+        self.fallback = fallback
+        self.fallback_k = fallback_k
+        self.max_ngram = max_ngram
+        self.base_lengths: list[int] = []
+        self._fallback_proposed = False  # whether the fallback drafted this round (its update must follow)
+
+    def begin(self, prompts: Sequence[Sequence[int]], sampling: SamplingOptions, generator: torch.Generator | None,
+              stop_tokens: Sequence[int] = ()) -> None:
+        self.base_lengths = [len(p) for p in prompts]
+        if self.fallback is not None:
+            self.fallback.begin(prompts, sampling, generator, stop_tokens)
+
+    def propose(self, sequences: Sequence[Sequence[int]], max_tokens: Sequence[int],
+                min_confidence: float | None) -> list[Draft]:
+        start = time.perf_counter()
+        drafts = [Draft(self._continuation(seq[base:], k)) if k > 0 else Draft([])
+                  for seq, base, k in zip(sequences, self.base_lengths, max_tokens)]
+        share = (time.perf_counter() - start) / max(len(drafts), 1)
+        for draft in drafts:
+            draft.seconds = share
+        rest = [min(k, self.fallback_k) if not d.tokens else 0 for d, k in zip(drafts, max_tokens)]
+        self._fallback_proposed = self.fallback is not None and max(rest, default=0) > 0
+        if self._fallback_proposed:
+            # A row the reference drafts asks the fallback for nothing: its cache stays a prefix of the row.
+            for b, draft in enumerate(self.fallback.propose(sequences, rest, min_confidence)):
+                if rest[b] > 0:
+                    drafts[b] = draft
+        return drafts
+
+    def _continuation(self, generated: Sequence[int], k: int) -> list[int]:
+        n = len(generated)
+        if self.reference[:n] == list(generated):
+            return self.reference[n:n + k]
+        for size in range(min(self.max_ngram, n), 0, -1):
+            tail = list(generated[n - size:])
+            for at in range(len(self.reference) - size, -1, -1):  # the latest match: the nearest continuation
+                if self.reference[at:at + size] == tail and at + size < len(self.reference):
+                    # Found again after parting: less sure than a prefix, so a shorter proposal.
+                    return self.reference[at + size:at + size + min(k, self.resync_k)]
+        return []
+
+    def update(self, sequences: Sequence[Sequence[int]], num_accepted: Sequence[int]) -> None:
+        # The fallback learns only the rounds it drafted: otherwise its cache still holds a prefix of each row,
+        # and its next proposal feeds what the reference drafted first.
+        if self._fallback_proposed:
+            self.fallback.update(sequences, num_accepted)
+        self._fallback_proposed = False
+
+    def select(self, rows: Sequence[int]) -> None:
+        self.base_lengths = [self.base_lengths[r] for r in rows]
+        if self.fallback is not None:
+            self.fallback.select(rows)

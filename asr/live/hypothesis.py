@@ -1,0 +1,54 @@
+"""The last hypothesis as a draft: a window assistant whose drafts come from the previous decode of the same
+audio (`decoding.ReferenceDraft`), then from an assistant where that runs out."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from asr.whisper.window import WindowContext
+from decoding import DraftSource, ReferenceDraft
+
+# Tokens a round may draft from the last hypothesis: most of them are kept, and on a CPU a pass that checks
+# 16 tokens costs little more than one that checks a few (32 were no faster: p002, 40 updates).
+REFERENCE_K = 16
+
+
+class HypothesisAssistant:
+    """Drafts `reference` (the last hypothesis's tokens, timestamps moved to this buffer's start), then what
+    `inner` drafts (None: nothing) where the new decode leaves it.
+
+    Args:
+        reference: the tokens the last decode generated (end-of-text excluded).
+        inner: the run's assistant for the new audio at the end of the buffer, or None.
+        inner_k: most tokens the inner assistant drafts a round.
+    """
+
+    chosen_by_auto = False
+    expected_speedup = None
+
+    def __init__(self, reference: Sequence[int], inner=None, inner_k: int = 5) -> None:
+        self.reference = list(reference)
+        self.inner = inner
+        self.inner_k = inner_k
+        self.name = "hypothesis" + (f"+{inner.name}" if inner is not None else "")
+        self.schedule = ("constant", REFERENCE_K)
+
+    def prepare(self, windows: list[WindowContext]) -> tuple[Callable[[list[int]], DraftSource], float]:
+        inner_make, seconds = self.inner.prepare(windows) if self.inner is not None else (None, 0.0)
+
+        def make_draft(rows: list[int]) -> DraftSource:
+            return ReferenceDraft(self.reference, inner_make(rows) if inner_make is not None else None,
+                                  self.inner_k)
+
+        return make_draft, seconds
+
+
+def moved_reference(tokens: Sequence[int], cut: float, timestamp_begin: int) -> list[int]:
+    """The tokens after the segment that ends at `cut` seconds, their timestamps moved back by `cut`: what a
+    decode of the buffer trimmed at `cut` is expected to say. Empty where no segment ends there."""
+    step = round(cut / 0.02)
+    for j, token in enumerate(tokens[:-1]):
+        # A segment's end and the next one's start: two timestamps in a row.
+        if token - timestamp_begin == step and tokens[j + 1] >= timestamp_begin:
+            return [t - step if t >= timestamp_begin else t for t in tokens[j + 1:]]
+    return []

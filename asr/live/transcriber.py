@@ -1,0 +1,270 @@
+"""The streaming transcriber: audio goes in as it arrives, committed segments come out.
+
+Every update re-decodes the buffer (the audio since the last trim, at most a window) with the committed text
+before it as the prompt. The words on which this hypothesis and the last one agree from the start
+(LocalAgreement-2) are committed; the buffer is trimmed at the end of a committed Whisper segment once it
+is longer than `trim_seconds`. With an assistant, each re-decode drafts the last hypothesis first: most of a
+re-decode is then one verifying pass, and the words are the model's greedy words either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from asr.live.hypothesis import HypothesisAssistant, moved_reference
+from asr.options import TranscribeOptions
+from asr.results import Segment, Transcript, TranscriptionStats, Word
+from audio.constants import SAMPLE_RATE
+from decoding.stats import GenerationStats
+
+# Whisper reads at most 30 s at a time; a buffer that grows past this without a commit drops its start.
+MAX_BUFFER_SECONDS = 30.0
+# Committed text kept in the prompt (whisper_streaming keeps 200 characters).
+PROMPT_CHARACTERS = 200
+
+
+@dataclass
+class CommittedSegment:
+    """Words committed together: their times in the stream and when they were committed."""
+
+    start: float
+    end: float
+    text: str
+    emitted_at: float  # seconds since the stream began (the stream's clock)
+    words: list[Word]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text,
+                "emitted_at": round(self.emitted_at, 3)}
+
+
+@dataclass
+class StreamStats:
+    """What a stream cost: updates, compute against audio, the decoders' work, and commit latency."""
+
+    updates: int = 0
+    audio_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    encode_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    generation: GenerationStats = field(default_factory=GenerationStats)
+    latencies: list[float] = field(default_factory=list)  # per committed word: commit time - its end in the audio
+    decode_seconds_per_update: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        latency = np.array(self.latencies or [np.nan])
+        data = {
+            "updates": self.updates, "audio_seconds": round(self.audio_seconds, 3),
+            "compute_seconds": round(self.compute_seconds, 3),
+            "compute_per_audio_second": round(self.compute_seconds / max(self.audio_seconds, 1e-9), 4),
+            "encode_seconds": round(self.encode_seconds, 3), "decode_seconds": round(self.decode_seconds, 3),
+            "latency_mean": _rounded(np.mean(latency)), "latency_p50": _rounded(np.percentile(latency, 50)),
+            "latency_p90": _rounded(np.percentile(latency, 90)), "committed_words": len(self.latencies),
+        }
+        generation = self.generation.to_dict()
+        generation.pop("total_seconds", None)
+        return {**data, **generation}
+
+
+def _rounded(value: float) -> float | None:
+    return None if np.isnan(value) else round(float(value), 3)
+
+
+class StreamingTranscriber:
+    """Transcribes a stream: `insert_audio` what arrived, `process` to update, `finish` at the end.
+
+    Args:
+        bundle: a loaded model.
+        options: transcription options (language, task, prompt...); the stream decodes greedily at temperature
+            0 with word timestamps, whatever they say (a sampled fallback would make hypotheses disagree).
+        assistant: drafts the new audio at the end of each buffer (`asr.assist.choose.make_assistant`); with an
+            assistant, each update first drafts the last hypothesis. None: plain re-decodes (for comparison).
+        trim_seconds: a buffer longer than this is cut at the end of its last committed segment.
+        clock: seconds since the stream began, for `emitted_at` (default: the audio received so far, which makes
+            a run deterministic; pass a wall clock for live audio).
+    """
+
+    def __init__(self, bundle, options: TranscribeOptions = TranscribeOptions(), assistant=None, *,
+                 trim_seconds: float = 15.0, clock: Callable[[], float] | None = None) -> None:
+        from asr.transcription import Transcriber
+
+        if not 1.0 <= trim_seconds <= MAX_BUFFER_SECONDS - 1:
+            raise ValueError(f"trim seconds must be from 1 to {MAX_BUFFER_SECONDS - 1:g}, got {trim_seconds:g}")
+        self.bundle = bundle
+        self.options = replace(options, temperatures=(0.0,), word_timestamps=True, timestamps=True,
+                               condition_on_previous_text=True, batch_size=None, vad=None, clip_timestamps=())
+        Transcriber(bundle, self.options, None)  # the options' checks, once, before any audio
+        self.assistant = assistant
+        self.trim_seconds = trim_seconds
+        self.clock = clock or (lambda: self.received / SAMPLE_RATE)
+        self.language = self.options.language
+        self.stats = StreamStats()
+        self.committed: list[CommittedSegment] = []
+        self.received = 0  # samples inserted so far
+        self._buffer = np.zeros(0, dtype=np.float32)
+        self._buffer_start = 0.0  # the buffer's first sample, in seconds of the stream
+        self._hypothesis: list[Word] = []  # the last hypothesis's words after the committed ones
+        self._committed_words: list[Word] = []
+        self._committed_end = 0.0
+        self._reference: list[int] = []  # the last decode's tokens, for the buffer as it starts now
+        self._decoded_through = 0  # samples received when the buffer was last decoded
+
+    # --- input ---------------------------------------------------------------------------------------------
+
+    def insert_audio(self, samples: np.ndarray) -> None:
+        """Appends 16 kHz mono float32 samples to the buffer."""
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        self._buffer = np.concatenate([self._buffer, samples])
+        self.received += len(samples)
+        self.stats.audio_seconds = self.received / SAMPLE_RATE
+
+    # --- updates -------------------------------------------------------------------------------------------
+
+    def process(self) -> list[CommittedSegment]:
+        """Re-decodes the buffer; returns what this update committed (possibly nothing)."""
+        words, segments_end = self._decode()
+        new = self._after_committed(words)
+        agreed = []
+        while new and self._hypothesis and _same(new[0], self._hypothesis[0]):
+            agreed.append(new.pop(0))
+            self._hypothesis.pop(0)
+        self._hypothesis = new
+        committed = self._commit(agreed)
+        self._trim(segments_end)
+        return committed
+
+    def finish(self) -> list[CommittedSegment]:
+        """Decodes what is left and commits all of it (the stream ended)."""
+        if len(self._buffer) == 0 or self._decoded_through == self.received:  # the last update saw it all
+            words, self._hypothesis = self._hypothesis, []
+            return self._commit(words)
+        words, _ = self._decode()
+        self._hypothesis = []
+        return self._commit(self._after_committed(words))
+
+    def transcript(self) -> Transcript:
+        """What was committed, as a `Transcript` (for the writers: txt, srt, vtt, json)."""
+        segments = [Segment(id=i, seek=0, start=c.start, end=c.end, text=c.text, tokens=[], temperature=0.0,
+                            avg_logprob=0.0, compression_ratio=0.0, no_speech_prob=0.0, words=c.words)
+                    for i, c in enumerate(self.committed)]
+        stats = TranscriptionStats(generation=self.stats.generation, assistant=self._assistant_name(),
+                                   audio_seconds=self.stats.audio_seconds, windows=self.stats.updates,
+                                   encode_seconds=self.stats.encode_seconds, decode_seconds=self.stats.decode_seconds,
+                                   total_seconds=self.stats.compute_seconds)
+        return Transcript(text="".join(c.text for c in self.committed), language=self.language or "",
+                          segments=segments, stats=stats)
+
+    # --- inside --------------------------------------------------------------------------------------------
+
+    def _assistant_name(self) -> str:
+        return "none" if self.assistant is None else f"hypothesis+{self.assistant.name}"
+
+    def _decode(self) -> tuple[list[Word], list[float]]:
+        """One decode of the buffer: its words in stream time, and the stream times at which its segments end."""
+        from asr.transcription import Transcriber
+
+        started = time.perf_counter()
+        self._decoded_through = self.received
+        prompt = "".join(w.word for w in self._committed_words_before_buffer())[-PROMPT_CHARACTERS:].strip()
+        user_prompt = self.options.initial_prompt
+        options = replace(self.options, language=self.language,
+                          initial_prompt=" ".join(p for p in (user_prompt, prompt) if p) or None)
+        assistant = None
+        if self.assistant is not None:
+            inner_k = (getattr(self.assistant, "schedule", None) or ("heuristic", 5))[1]
+            assistant = HypothesisAssistant(self._reference, self.assistant, inner_k)
+        windows: list[list[int]] = []
+        with _without_fallback_warnings():
+            transcript = Transcriber(self.bundle, options, assistant,
+                                     lambda window: windows.append(window.tokens)).segments(self._buffer).result()
+        if self.language is None:
+            self.language = transcript.language  # one language for the whole stream, as detected first
+        self._reference = windows[0] if windows else []
+        stats = transcript.stats
+        self.stats.updates += 1
+        self.stats.generation.add(stats.generation)
+        self.stats.encode_seconds += stats.encode_seconds
+        self.stats.decode_seconds += stats.decode_seconds
+        self.stats.decode_seconds_per_update.append(stats.decode_seconds)
+        self.stats.compute_seconds += time.perf_counter() - started
+        offset = self._buffer_start
+        words = [Word(w.word, w.start + offset, w.end + offset, w.probability)
+                 for s in transcript.segments for w in (s.words or ())]
+        timestamp_begin = self.bundle.special.timestamp_begin
+        first = windows[0] if windows else []
+        ends = [offset + (t - timestamp_begin) * 0.02 for i, t in enumerate(first[:-1])
+                if t >= timestamp_begin and first[i + 1] >= timestamp_begin]
+        return words, ends
+
+    def _committed_words_before_buffer(self) -> list[Word]:
+        return [w for w in self._committed_words if w.end <= self._buffer_start + 0.01]
+
+    def _after_committed(self, words: list[Word]) -> list[Word]:
+        """The hypothesis's words that are not committed yet: those that start after the committed end, less
+        a repeat of the committed text's last words at their head (whisper_streaming's rules)."""
+        new = [w for w in words if w.start > self._committed_end - 0.1]
+        if new and self._committed_words and abs(new[0].start - self._committed_end) < 1.0:
+            for n in range(min(len(self._committed_words), len(new), 5), 0, -1):
+                tail = [_key(w) for w in self._committed_words[-n:]]
+                if tail == [_key(w) for w in new[:n]]:
+                    return new[n:]
+        return new
+
+    def _commit(self, words: list[Word]) -> list[CommittedSegment]:
+        words = [w for w in words if w.word.strip()]
+        if not words:
+            return []
+        now = self.clock()
+        segment = CommittedSegment(words[0].start, words[-1].end, "".join(w.word for w in words), now, words)
+        self.committed.append(segment)
+        self._committed_words.extend(words)
+        self._committed_end = words[-1].end
+        self.stats.latencies.extend(now - w.end for w in words)
+        return [segment]
+
+    def _trim(self, segment_ends: list[float]) -> None:
+        """Cuts the buffer at the last segment end within the committed text once it is long; drops its start
+        where it would outgrow a window without any commit (silence, or text that never settles)."""
+        length = len(self._buffer) / SAMPLE_RATE
+        cut = None
+        if length > self.trim_seconds:
+            done = [end for end in segment_ends if self._buffer_start < end <= self._committed_end + 0.01]
+            cut = done[-1] if done else None
+        if cut is None and length > MAX_BUFFER_SECONDS - 1:
+            cut = self._buffer_start + length - self.trim_seconds
+            self._hypothesis = [w for w in self._hypothesis if w.start >= cut]
+        if cut is None:
+            return
+        relative = cut - self._buffer_start
+        self._reference = moved_reference(self._reference, relative, self.bundle.special.timestamp_begin)
+        self._buffer = self._buffer[int(round(relative * SAMPLE_RATE)):]
+        self._buffer_start = cut
+
+
+@contextlib.contextmanager
+def _without_fallback_warnings() -> Iterator[None]:
+    """A stream decodes at temperature 0 alone: a window that fails the fallback checks is no news there."""
+    logger = logging.getLogger("asr.transcription")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "failed the fallback checks" not in record.getMessage()
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
+def _key(word: Word) -> str:
+    return word.word.strip()
+
+
+def _same(a: Word, b: Word) -> bool:
+    return _key(a) == _key(b)

@@ -1,0 +1,108 @@
+"""Live transcription (`asr stream`): latency, compute per audio second, and the decoder's work per update, with
+drafting from the last hypothesis and without, beside the offline transcript's WER.
+
+    python scripts/bench_live.py                                   # -> docs/figures/live.{json,md}
+    python scripts/bench_live.py --files p001.mp3 --out /tmp/live  # one file of longform/
+
+For each file: two runs at `--step` without `--realtime` (the same updates at the same audio positions: the
+committed words must be equal, and the decoder's seconds compare), then two with `--realtime` (audio arrives at
+its own pace; latency from a word's end in the audio to its commit, wall clock). 2 threads, `base`, fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from benchlib import command_line, figure_path, load, longform_rows, use_threads, write_figures
+
+FILES = ("p001.mp3", "voxpopuli-en-000.ogg")
+
+
+def _stream(bundle, samples: np.ndarray, assistant, step: float, realtime: bool) -> tuple[str, dict]:
+    from asr.live import StreamingTranscriber
+    from asr.live.sources import file_chunks
+    from asr.options import TranscribeOptions
+
+    began = time.monotonic()
+    clock = (lambda: time.monotonic() - began) if realtime else None
+    live = StreamingTranscriber(bundle, TranscribeOptions(language="en"), assistant, clock=clock)
+    for chunk in file_chunks(samples, step, realtime):
+        live.insert_audio(chunk)
+        live.process()
+    live.finish()
+    stats = live.stats.to_dict()
+    updates = max(stats["updates"], 1)
+    stats["decode_seconds_per_update"] = round(stats["decode_seconds"] / updates, 4)
+    stats["model_passes_per_update"] = round(stats["model_forward_passes"] / updates, 2)
+    return "".join(c.text for c in live.committed), stats
+
+
+def _wer(reference: str, hypothesis: str) -> float:
+    import jiwer
+
+    from eval.normalize import normalize
+
+    return 100 * jiwer.wer(normalize(reference), normalize(hypothesis))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", nargs="+", default=list(FILES), help="files of longform/")
+    parser.add_argument("--step", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(figure_path("live")))
+    args = parser.parse_args()
+    use_threads(args.threads)
+
+    from asr.assist.choose import make_assistant
+    from asr.models.registry import load_model
+    from asr.options import TranscribeOptions
+    from asr.transcription import transcribe
+
+    bundle = load_model("base")
+    drafting = make_assistant("auto", bundle)
+    rows, results = longform_rows(), []
+    for name in args.files:
+        samples = load(f"longform/{name}")
+        reference = rows[name]["text"]
+        offline = transcribe(bundle, samples, TranscribeOptions(language="en")).text
+        found = {"file": name, "seconds": round(len(samples) / 16000, 1),
+                 "offline_wer": round(_wer(reference, offline), 2)}
+        texts = {}
+        for realtime in (False, True):
+            for label, assistant in (("none", None), ("drafting", drafting)):
+                text, stats = _stream(bundle, samples, assistant, args.step, realtime)
+                key = f"{'realtime' if realtime else 'stepped'}_{label}"
+                texts[key] = text
+                found[key] = {**stats, "wer": round(_wer(reference, text), 2)}
+                print(name, key, {k: found[key][k] for k in ("wer", "compute_per_audio_second", "latency_mean",
+                                                             "latency_p90", "decode_seconds_per_update")}, flush=True)
+        found["stepped_same_words"] = texts["stepped_none"] == texts["stepped_drafting"]
+        found["stepped_decoder_ratio"] = round(found["stepped_none"]["decode_seconds"]
+                                               / max(found["stepped_drafting"]["decode_seconds"], 1e-9), 2)
+        results.append(found)
+    write_figures(args.out, {"files": results, "step": args.step, "threads": args.threads}, _table(results),
+                  command_line())
+
+
+def _table(results: list[dict]) -> str:
+    lines = ["| file | run | WER % (offline) | compute / audio s | latency mean / p90 s | decoder s / update | "
+             "model passes / update | acceptance |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for found in results:
+        for key in ("stepped_none", "stepped_drafting", "realtime_none", "realtime_drafting"):
+            s = found[key]
+            lines.append(f"| {found['file']} ({found['seconds']} s) | {key.replace('_', ', ')} | {s['wer']} "
+                         f"({found['offline_wer']}) | {s['compute_per_audio_second']} | {s['latency_mean']} / "
+                         f"{s['latency_p90']} | {s['decode_seconds_per_update']} | {s['model_passes_per_update']} | "
+                         f"{s['acceptance_rate']} |")
+    lines.append("")
+    for found in results:
+        lines.append(f"- {found['file']}: stepped runs commit the same words with and without drafting: "
+                     f"{found['stepped_same_words']}; decoder seconds {found['stepped_decoder_ratio']}x fewer.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Live transcription (asr.live, `asr stream`, `asr listen`): drafting from the last hypothesis keeps every
+committed word, LocalAgreement-2 commits what two hypotheses share, and the doors a live stream opens (a pipe
+of raw PCM, a stream that ends mid-word, minutes of silence, no microphone, Ctrl-C) end in a result or one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from asr.assist.choose import make_assistant
+from asr.cli import main
+from asr.live import StreamingTranscriber
+from asr.live.hypothesis import moved_reference
+from asr.live.sources import file_chunks, pcm_chunks
+from asr.models.registry import load_model
+from asr.options import TranscribeOptions
+from decoding import ReferenceDraft
+from decoding.filters import SamplingOptions
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class _Fallback:
+    """A draft source that proposes `[7] * k` and records what it was told."""
+
+    def __init__(self) -> None:
+        self.proposed: list[list[int]] = []
+        self.updates = 0
+
+    def begin(self, prompts, sampling, generator, stop_tokens=()) -> None:
+        pass
+
+    def propose(self, sequences, max_tokens, min_confidence):
+        from decoding import Draft
+
+        self.proposed.append(list(max_tokens))
+        return [Draft([7] * k) for k in max_tokens]
+
+    def update(self, sequences, num_accepted) -> None:
+        self.updates += 1
+
+    def select(self, rows) -> None:
+        pass
+
+
+def test_reference_draft_follows_finds_again_and_falls_back() -> None:
+    fallback = _Fallback()
+    draft = ReferenceDraft([1, 2, 3, 4, 5, 6], fallback, fallback_k=2, resync_k=2)
+    draft.begin([[9, 9]], SamplingOptions(), None)
+    assert draft.propose([[9, 9, 1, 2]], [3], None)[0].tokens == [3, 4, 5]  # it follows the reference
+    draft.update([[9, 9, 1, 2, 3]], [1])
+    assert fallback.updates == 0  # the fallback drafted nothing this round
+    assert draft.propose([[9, 9, 1, 8, 4]], [5], None)[0].tokens == [5, 6]  # parted, found again at "4"
+    assert draft.propose([[9, 9, 8, 8]], [5], None)[0].tokens == [7, 7]  # nowhere: the fallback, at most 2
+    draft.update([[9, 9, 8, 8, 7]], [1])
+    assert fallback.updates == 1 and fallback.proposed == [[2]]
+
+
+def test_moved_reference_starts_after_the_segment_that_ends_at_the_cut() -> None:
+    begin = 50364
+    tokens = [begin, 11, 12, begin + 100, begin + 100, 13, begin + 150]  # <0.00> a b <2.00><2.00> c <3.00>
+    assert moved_reference(tokens, 2.0, begin) == [begin, 13, begin + 50]
+    assert moved_reference(tokens, 1.0, begin) == []
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_whisper_folder: Path):
+    return load_model(str(tiny_whisper_folder))
+
+
+def _stream(bundle, audio: np.ndarray, assistant, max_new_tokens: int = 24, trim_seconds: float = 6.0):
+    live = StreamingTranscriber(bundle, TranscribeOptions(language="en", max_new_tokens=max_new_tokens), assistant,
+                                trim_seconds=trim_seconds)
+    committed = []
+    for chunk in file_chunks(audio, 1.0, realtime=False):
+        live.insert_audio(chunk)
+        committed += live.process()
+    committed += live.finish()
+    return live, committed
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_drafting_from_the_last_hypothesis_commits_the_same_words_with_fewer_passes(tiny, seed: int) -> None:
+    audio = np.random.default_rng(seed).normal(0, 0.1, 12 * 16000).astype(np.float32)
+    plain, expected = _stream(tiny, audio, None)
+    drafted, got = _stream(tiny, audio, make_assistant("self:int8", tiny))
+    assert [(s.text, s.start, s.end, s.emitted_at) for s in got] == \
+           [(s.text, s.start, s.end, s.emitted_at) for s in expected]
+    assert plain.stats.updates == drafted.stats.updates == 12
+    assert drafted.stats.generation.accepted_tokens > 0
+    assert drafted.stats.generation.model_forward_passes < plain.stats.generation.model_forward_passes
+
+
+def test_committed_words_are_where_two_hypotheses_agree_and_the_rest_comes_at_the_end(tiny) -> None:
+    audio = np.random.default_rng(5).normal(0, 0.1, 7 * 16000).astype(np.float32)
+    live = StreamingTranscriber(tiny, TranscribeOptions(language="en", max_new_tokens=24), None)
+    committed = []
+    for chunk in file_chunks(audio, 1.0, realtime=False):
+        live.insert_audio(chunk)
+        before = list(live._hypothesis)
+        for segment in live.process():
+            # What an update commits is where its hypothesis and the one before agree, word for word.
+            assert [w.word.strip() for w in segment.words] == [w.word.strip() for w in before[:len(segment.words)]]
+            committed.append(segment)
+    pending = [w.word for w in live._hypothesis if w.word.strip()]
+    last = live.finish()  # the stream ended mid-hypothesis: the rest is committed now
+    assert [w.word for s in last for w in s.words] == pending and live._hypothesis == []
+    words = [w for s in committed + last for w in s.words]
+    assert words and all(a.start <= b.start for a, b in zip(words, words[1:]))
+    stats = live.stats.to_dict()
+    assert stats["committed_words"] == len(words) and stats["latency_p90"] >= stats["latency_p50"] >= 0
+
+
+def test_minutes_of_silence_commit_nothing_and_keep_the_buffer_within_a_window(tiny) -> None:
+    live = StreamingTranscriber(tiny, TranscribeOptions(language="en", max_new_tokens=8), None)
+    for _ in range(90):  # three minutes, two seconds at a time
+        live.insert_audio(np.zeros(2 * 16000, dtype=np.float32))
+        assert live.process() == []
+        assert len(live._buffer) <= 30 * 16000
+    assert live.finish() == [] and live.stats.audio_seconds == 180
+
+
+def test_raw_pcm_chunks_pair_odd_bytes_and_resample() -> None:
+    import io
+
+    samples = (np.sin(np.arange(48000) / 10) * 20000).astype("<i2")
+    data = samples.tobytes() + b"\x01"  # an odd byte at the end is dropped
+    got = np.concatenate(list(pcm_chunks(io.BytesIO(data), 0.25)))
+    assert np.allclose(got, samples / 32768.0)
+    resampled = np.concatenate(list(pcm_chunks(io.BytesIO(samples.tobytes()), 0.25, rate=48000)))
+    assert abs(len(resampled) - 16000) <= 1
+
+
+def _raw(tmp_path: Path, seconds: float) -> Path:
+    path = tmp_path / "noise.raw"
+    noise = np.random.default_rng(3).normal(0, 3000, int(seconds * 16000)).astype("<i2")
+    path.write_bytes(noise.tobytes() + b"\x05")
+    return path
+
+
+def test_stream_command_prints_json_lines_then_stats_and_writes_the_transcript(tiny_whisper_folder: Path,
+                                                                              tmp_path: Path) -> None:
+    raw = _raw(tmp_path, 5)
+    result = CliRunner().invoke(main, ["stream", "-", "--model", str(tiny_whisper_folder), "--language", "en",
+                                       "-f", "jsonl", "-o", str(tmp_path / "out"), "-q", "--assistant", "self:int8"],
+                                input=raw.read_bytes())
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.strip().splitlines()]
+    assert set(lines[-1]) == {"stats"} and lines[-1]["stats"]["updates"] >= 5
+    assert all({"start", "end", "text", "emitted_at"} == set(line) for line in lines[:-1])
+    written = json.loads((tmp_path / "out" / "stdin.json").read_text())
+    assert written["text"] == "".join(line["text"] for line in lines[:-1])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--step", "0"], "--step must be from 0.1 to 10 seconds, got 0"),
+    (["-f", "srt"], "-f srt writes the transcript when the stream ends: give -o DIR"),
+    (["--input-rate", "5"], "--input-rate must be from 1000 to 768000 Hz, got 5"),
+])
+def test_bad_stream_options_are_one_line(tiny_whisper_folder: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["stream", "-", "--model", str(tiny_whisper_folder), *args], input=b"")
+    assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == f"Error: {message}"
+
+
+def test_no_portaudio_is_one_line_naming_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_portaudio(name, *args, **kwargs):
+        if name == "sounddevice":
+            raise OSError("PortAudio library not found")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_portaudio)
+    result = CliRunner().invoke(main, ["listen", "-q", "--model", "nowhere"])
+    assert result.exit_code == 1
+    assert "needs the sounddevice package and the PortAudio library" in result.output
+
+
+def test_ctrl_c_commits_and_writes_what_was_heard(tiny_whisper_folder: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import asr.live.sources
+
+    def interrupted(samples, step, realtime, clock=None):
+        yield from list(file_chunks(samples, step, False))[:4]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(asr.live.sources, "file_chunks", interrupted)
+    import soundfile
+
+    audio = tmp_path / "noise.wav"
+    soundfile.write(audio, np.random.default_rng(4).normal(0, 0.1, 8 * 16000).astype(np.float32), 16000)
+    result = CliRunner().invoke(main, ["stream", str(audio), "--model", str(tiny_whisper_folder), "--language", "en",
+                                       "-o", str(tmp_path / "out"), "-f", "txt", "--assistant", "none"])
+    assert result.exit_code == 0, result.output
+    assert "stopped: committing what was heard" in result.output
+    written = (tmp_path / "out" / "noise.txt").read_text()
+    assert written.strip() and written.split() == " ".join(
+        line for line in result.output.splitlines() if not line.startswith(("loading", "assistant", "stopped",
+                                                                              "wrote"))).split()
+
+
+@pytest.mark.slow  # base on real speech
+def test_real_speech_streams_the_same_words_with_and_without_drafting() -> None:
+    from audio import load_audio
+    from tests.conftest import EVALDATA
+
+    bundle = load_model("base")
+    audio = load_audio(EVALDATA / "clips" / "jfk.flac")
+    plain, expected = _stream(bundle, audio, None, max_new_tokens=224, trim_seconds=15.0)
+    drafted, got = _stream(bundle, audio, make_assistant("auto", bundle), max_new_tokens=224, trim_seconds=15.0)
+    assert "".join(s.text for s in got) == "".join(s.text for s in expected)
+    assert "ask not what your country can do for you" in "".join(s.text for s in got).lower()
+    assert drafted.stats.generation.model_forward_passes * 2 < plain.stats.generation.model_forward_passes
