@@ -52,10 +52,10 @@ class StreamStats:
     audio_seconds: float = 0.0
     compute_seconds: float = 0.0
     encode_seconds: float = 0.0
-    decode_seconds: float = 0.0
+    decode_seconds: float = 0.0  # the decoder's passes and drafting, and the word-alignment pass
     generation: GenerationStats = field(default_factory=GenerationStats)
     latencies: list[float] = field(default_factory=list)  # per committed word: commit time - its end in the audio
-    decode_seconds_per_update: list[float] = field(default_factory=list)
+    decoder_seconds_per_update: list[float] = field(default_factory=list)  # the passes that make the tokens
 
     def to_dict(self) -> dict[str, Any]:
         latency = np.array(self.latencies or [np.nan])
@@ -64,6 +64,7 @@ class StreamStats:
             "compute_seconds": round(self.compute_seconds, 3),
             "compute_per_audio_second": round(self.compute_seconds / max(self.audio_seconds, 1e-9), 4),
             "encode_seconds": round(self.encode_seconds, 3), "decode_seconds": round(self.decode_seconds, 3),
+            "decoder_seconds": round(self.generation.total_seconds, 3),
             "latency_mean": _rounded(np.mean(latency)), "latency_p50": _rounded(np.percentile(latency, 50)),
             "latency_p90": _rounded(np.percentile(latency, 90)), "committed_words": len(self.latencies),
         }
@@ -191,7 +192,7 @@ class StreamingTranscriber:
         self.stats.generation.add(stats.generation)
         self.stats.encode_seconds += stats.encode_seconds
         self.stats.decode_seconds += stats.decode_seconds
-        self.stats.decode_seconds_per_update.append(stats.decode_seconds)
+        self.stats.decoder_seconds_per_update.append(stats.generation.total_seconds)
         self.stats.compute_seconds += time.perf_counter() - started
         offset = self._buffer_start
         words = [Word(w.word, w.start + offset, w.end + offset, w.probability)
