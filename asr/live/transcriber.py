@@ -129,6 +129,7 @@ class StreamingTranscriber:
 
     def process(self) -> list[CommittedSegment]:
         """Re-decodes the buffer; returns what this update committed (possibly nothing)."""
+        forced = self._fit_window()
         words, segments_end = self._decode()
         new = self._after_committed(words)
         agreed = []
@@ -136,7 +137,7 @@ class StreamingTranscriber:
             agreed.append(new.pop(0))
             self._hypothesis.pop(0)
         self._hypothesis = new
-        committed = self._commit(agreed)
+        committed = forced + self._commit(agreed)
         self._trim(segments_end)
         return committed
 
@@ -145,9 +146,10 @@ class StreamingTranscriber:
         if len(self._buffer) == 0 or self._decoded_through == self.received:  # the last update saw it all
             words, self._hypothesis = self._hypothesis, []
             return self._commit(words)
+        forced = self._fit_window()
         words, _ = self._decode()
         self._hypothesis = []
-        return self._commit(self._after_committed(words))
+        return forced + self._commit(self._after_committed(words))
 
     def transcript(self) -> Transcript:
         """What was committed, as a `Transcript` (for the writers: txt, srt, vtt, json)."""
@@ -230,18 +232,28 @@ class StreamingTranscriber:
         return [segment]
 
     def _trim(self, segment_ends: list[float]) -> None:
-        """Cuts the buffer at the last segment end within the committed text once it is long; drops its start
-        where it would outgrow a window without any commit (silence, or text that never settles)."""
-        length = len(self._buffer) / SAMPLE_RATE
-        cut = None
-        if length > self.trim_seconds:
-            done = [end for end in segment_ends if self._buffer_start < end <= self._committed_end + 0.01]
-            cut = done[-1] if done else None
-        if cut is None and length > MAX_BUFFER_SECONDS - 1:
-            cut = self._buffer_start + length - self.trim_seconds
-            self._hypothesis = [w for w in self._hypothesis if w.start >= cut]
-        if cut is None:
+        """Cuts a long buffer at the last segment end within the committed text."""
+        if len(self._buffer) / SAMPLE_RATE <= self.trim_seconds:
             return
+        done = [end for end in segment_ends if self._buffer_start < end <= self._committed_end + 0.01]
+        if done:
+            self._cut(done[-1])
+
+    def _fit_window(self) -> list[CommittedSegment]:
+        """Keeps the buffer within one window before it is decoded (a second window would cost a second encoder
+        pass, and fall further behind): its start goes, and the words last heard there are committed as heard,
+        since no later hypothesis can agree on them (text that never settles, or speech with no pause)."""
+        length = len(self._buffer) / SAMPLE_RATE
+        if length <= MAX_BUFFER_SECONDS - 0.5:
+            return []
+        cut = self._buffer_start + length - self.trim_seconds
+        heard = [w for w in self._hypothesis if w.end <= cut]
+        self._hypothesis = [w for w in self._hypothesis if w.end > cut]
+        committed = self._commit(heard)
+        self._cut(cut)
+        return committed
+
+    def _cut(self, cut: float) -> None:
         relative = cut - self._buffer_start
         self._reference = moved_reference(self._reference, relative, self.bundle.special.timestamp_begin)
         self._buffer = self._buffer[int(round(relative * SAMPLE_RATE)):]
