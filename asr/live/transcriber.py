@@ -232,12 +232,15 @@ class StreamingTranscriber:
         return [segment]
 
     def _trim(self, segment_ends: list[float]) -> None:
-        """Cuts a long buffer at the last segment end within the committed text."""
+        """Cuts a long buffer at the last segment end within the committed text, or, where speech runs on
+        without one, at the committed text's end (its last word's end: the next decode starts after it)."""
         if len(self._buffer) / SAMPLE_RATE <= self.trim_seconds:
             return
         done = [end for end in segment_ends if self._buffer_start < end <= self._committed_end + 0.01]
         if done:
             self._cut(done[-1])
+        elif self._committed_end > self._buffer_start + 1.0:
+            self._cut(self._committed_end)
 
     def _fit_window(self) -> list[CommittedSegment]:
         """Keeps the buffer within one window before it is decoded (a second window would cost a second encoder
