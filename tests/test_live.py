@@ -151,6 +151,7 @@ def test_stream_command_prints_json_lines_then_stats_and_writes_the_transcript(t
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.strip().splitlines()]
     assert set(lines[-1]) == {"stats"} and lines[-1]["stats"]["updates"] >= 5
+    assert lines[-1]["stats"]["assistant"] == "hypothesis+self:int8"
     assert all({"start", "end", "text", "emitted_at"} == set(line) for line in lines[:-1])
     written = json.loads((tmp_path / "out" / "stdin.json").read_text())
     assert written["text"] == "".join(line["text"] for line in lines[:-1])

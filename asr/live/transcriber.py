@@ -48,6 +48,7 @@ class CommittedSegment:
 class StreamStats:
     """What a stream cost: updates, compute against audio, the decoders' work, and commit latency."""
 
+    assistant: str = "none"  # what drafted: "hypothesis+<the run's assistant>", or none
     updates: int = 0
     audio_seconds: float = 0.0
     compute_seconds: float = 0.0
@@ -60,7 +61,7 @@ class StreamStats:
     def to_dict(self) -> dict[str, Any]:
         latency = np.array(self.latencies or [np.nan])
         data = {
-            "updates": self.updates, "audio_seconds": round(self.audio_seconds, 3),
+            "assistant": self.assistant, "updates": self.updates, "audio_seconds": round(self.audio_seconds, 3),
             "compute_seconds": round(self.compute_seconds, 3),
             "compute_per_audio_second": round(self.compute_seconds / max(self.audio_seconds, 1e-9), 4),
             "encode_seconds": round(self.encode_seconds, 3), "decode_seconds": round(self.decode_seconds, 3),
@@ -105,7 +106,7 @@ class StreamingTranscriber:
         self.trim_seconds = trim_seconds
         self.clock = clock or (lambda: self.received / SAMPLE_RATE)
         self.language = self.options.language
-        self.stats = StreamStats()
+        self.stats = StreamStats(assistant="none" if assistant is None else f"hypothesis+{assistant.name}")
         self.committed: list[CommittedSegment] = []
         self.received = 0  # samples inserted so far
         self._buffer = np.zeros(0, dtype=np.float32)
@@ -156,7 +157,7 @@ class StreamingTranscriber:
         segments = [Segment(id=i, seek=0, start=c.start, end=c.end, text=c.text, tokens=[], temperature=0.0,
                             avg_logprob=0.0, compression_ratio=0.0, no_speech_prob=0.0, words=c.words)
                     for i, c in enumerate(self.committed)]
-        stats = TranscriptionStats(generation=self.stats.generation, assistant=self._assistant_name(),
+        stats = TranscriptionStats(generation=self.stats.generation, assistant=self.stats.assistant,
                                    audio_seconds=self.stats.audio_seconds, windows=self.stats.updates,
                                    encode_seconds=self.stats.encode_seconds, decode_seconds=self.stats.decode_seconds,
                                    total_seconds=self.stats.compute_seconds)
@@ -164,9 +165,6 @@ class StreamingTranscriber:
                           segments=segments, stats=stats)
 
     # --- inside --------------------------------------------------------------------------------------------
-
-    def _assistant_name(self) -> str:
-        return "none" if self.assistant is None else f"hypothesis+{self.assistant.name}"
 
     def _decode(self) -> tuple[list[Word], list[float]]:
         """One decode of the buffer: its words in stream time, and the stream times at which its segments end."""
