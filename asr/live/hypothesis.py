@@ -43,12 +43,16 @@ class HypothesisAssistant:
         return make_draft, seconds
 
 
+def segment_boundaries(tokens: Sequence[int], timestamp_begin: int) -> list[int]:
+    """Where one segment ends and the next starts: each index j of two timestamps in a row (j and j + 1)."""
+    return [j for j in range(len(tokens) - 1) if tokens[j] >= timestamp_begin and tokens[j + 1] >= timestamp_begin]
+
+
 def moved_reference(tokens: Sequence[int], cut: float, timestamp_begin: int) -> list[int]:
     """The tokens after the segment that ends at `cut` seconds, their timestamps moved back by `cut`: what a
     decode of the buffer trimmed at `cut` is expected to say. Empty where no segment ends there."""
     step = round(cut / 0.02)
-    for j, token in enumerate(tokens[:-1]):
-        # A segment's end and the next one's start: two timestamps in a row.
-        if token - timestamp_begin == step and tokens[j + 1] >= timestamp_begin:
+    for j in segment_boundaries(tokens, timestamp_begin):
+        if tokens[j] - timestamp_begin == step:
             return [t - step if t >= timestamp_begin else t for t in tokens[j + 1:]]
     return []

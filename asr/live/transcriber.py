@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from asr.live.hypothesis import HypothesisAssistant, moved_reference
+from asr.live.hypothesis import HypothesisAssistant, moved_reference, segment_boundaries
 from asr.options import TranscribeOptions
 from asr.results import Segment, Transcript, TranscriptionStats, Word
 from audio.constants import SAMPLE_RATE
@@ -56,7 +56,6 @@ class StreamStats:
     decode_seconds: float = 0.0  # the decoder's passes and drafting, and the word-alignment pass
     generation: GenerationStats = field(default_factory=GenerationStats)
     latencies: list[float] = field(default_factory=list)  # per committed word: commit time - its end in the audio
-    decoder_seconds_per_update: list[float] = field(default_factory=list)  # the passes that make the tokens
 
     def to_dict(self) -> dict[str, Any]:
         latency = np.array(self.latencies or [np.nan])
@@ -192,15 +191,13 @@ class StreamingTranscriber:
         self.stats.generation.add(stats.generation)
         self.stats.encode_seconds += stats.encode_seconds
         self.stats.decode_seconds += stats.decode_seconds
-        self.stats.decoder_seconds_per_update.append(stats.generation.total_seconds)
         self.stats.compute_seconds += time.perf_counter() - started
         offset = self._buffer_start
         words = [Word(w.word, w.start + offset, w.end + offset, w.probability)
                  for s in transcript.segments for w in (s.words or ())]
         timestamp_begin = self.bundle.special.timestamp_begin
         first = windows[0] if windows else []
-        ends = [offset + (t - timestamp_begin) * 0.02 for i, t in enumerate(first[:-1])
-                if t >= timestamp_begin and first[i + 1] >= timestamp_begin]
+        ends = [offset + (first[j] - timestamp_begin) * 0.02 for j in segment_boundaries(first, timestamp_begin)]
         return words, ends
 
     def _committed_words_before_buffer(self) -> list[Word]:

@@ -52,6 +52,7 @@ from asr.models.precision import (
     quantize_model,
 )
 from asr.models.tokenizer import SpecialTokens, build_generation_config, special_tokens
+from audio.constants import CHUNK_LENGTH, HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE
 from decoding.kernels.products import use_cpu_kernels
 
 __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
@@ -142,8 +143,8 @@ _CONFIG_LIMITS = {"d_model": 16384, "encoder_layers": 256, "decoder_layers": 256
 
 
 # The framing of every Whisper model's log-mel features, which `audio.features` computes.
-WHISPER_FEATURES = {"sampling_rate": 16000, "n_fft": 400, "hop_length": 160, "chunk_length": 30,
-                    "n_samples": 480000, "nb_max_frames": 3000}
+WHISPER_FEATURES = {"sampling_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop_length": HOP_LENGTH,
+                    "chunk_length": CHUNK_LENGTH, "n_samples": N_SAMPLES, "nb_max_frames": N_FRAMES}
 
 
 def check_config(config: WhisperConfig, src: str) -> None:
