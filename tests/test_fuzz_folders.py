@@ -9,10 +9,13 @@ the example counts (`FOLDERS`) keep the file within the fast layer's budget.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import struct
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,15 +50,18 @@ def model_folder(tiny_whisper_folder: Path) -> Path:
     return tiny_whisper_folder
 
 
-def _crafted(model_folder: Path, parent: Path, name: str, content: bytes) -> Path:
-    """A copy of `model_folder` (links to its files) with `name` replaced by `content`."""
-    folder = parent / "model"
-    folder.mkdir()
-    for file in model_folder.iterdir():
-        if file.name != name:
-            os.symlink(file, folder / file.name)
-    (folder / name).write_bytes(content)
-    return folder
+@contextlib.contextmanager
+def _crafted(model_folder: Path, name: str, content: bytes) -> Iterator[Path]:
+    """A copy of `model_folder` (links to its files) with `name` replaced by `content`, removed after the
+    example: kept, a thousand 14 MB crafted checkpoints filled the disk of the machine that runs CI."""
+    with tempfile.TemporaryDirectory(prefix="crafted-") as parent:
+        folder = Path(parent) / "model"
+        folder.mkdir()
+        for file in model_folder.iterdir():
+            if file.name != name:
+                os.symlink(file, folder / file.name)
+        (folder / name).write_bytes(content)
+        yield folder
 
 
 def _loads_or_one_line(folder: Path, offload: bool, transcribe_after: bool = False) -> None:
@@ -78,8 +84,7 @@ def _json_bytes(value: object) -> bytes:
 
 @FOLDERS
 @given(data=st.data(), offload=st.booleans())
-def test_any_config_json_loads_or_is_one_line(model_folder: Path, tmp_path_factory: pytest.TempPathFactory,
-                                              data: st.DataObject, offload: bool) -> None:
+def test_any_config_json_loads_or_is_one_line(model_folder: Path, data: st.DataObject, offload: bool) -> None:
     config = json.loads((model_folder / "config.json").read_text())
     fields = sorted(config)
     crafted = data.draw(st.one_of(
@@ -90,7 +95,8 @@ def test_any_config_json_loads_or_is_one_line(model_folder: Path, tmp_path_facto
     text = _json_bytes(crafted)
     if data.draw(st.booleans()):
         text = text[:data.draw(st.integers(0, len(text)))]
-    _loads_or_one_line(_crafted(model_folder, tmp_path_factory.mktemp("config"), "config.json", text), offload)
+    with _crafted(model_folder, "config.json", text) as folder:
+        _loads_or_one_line(folder, offload)
 
 
 def _safetensors(model_folder: Path) -> tuple[dict, bytes]:
@@ -105,8 +111,7 @@ DTYPE = st.sampled_from(["F32", "F16", "BF16", "F64", "I8", "U8", "I64", "BOOL",
 
 @FOLDERS
 @given(data=st.data(), offload=st.booleans())
-def test_any_safetensors_header_loads_or_is_one_line(model_folder: Path, tmp_path_factory: pytest.TempPathFactory,
-                                                     data: st.DataObject, offload: bool) -> None:
+def test_any_safetensors_header_loads_or_is_one_line(model_folder: Path, data: st.DataObject, offload: bool) -> None:
     header, body = _safetensors(model_folder)
     names = sorted(k for k in header if k != "__metadata__")
     for _ in range(data.draw(st.integers(1, 3))):
@@ -140,30 +145,26 @@ def test_any_safetensors_header_loads_or_is_one_line(model_folder: Path, tmp_pat
     tail = data.draw(st.sampled_from(["whole", "cut", "junk"]))
     body = body[: len(body) // 3] if tail == "cut" else body + b"\x00" * 16 if tail == "junk" else body
     content = struct.pack("<Q", length) + text + body
-    _loads_or_one_line(_crafted(model_folder, tmp_path_factory.mktemp("weights"), "model.safetensors", content),
-                       offload)
+    with _crafted(model_folder, "model.safetensors", content) as folder:
+        _loads_or_one_line(folder, offload)
 
 
 @TRANSCRIBING
 @given(data=st.data())
-def test_any_feature_extractor_config_transcribes_or_is_one_line(model_folder: Path,
-                                                                 tmp_path_factory: pytest.TempPathFactory,
-                                                                 data: st.DataObject) -> None:
+def test_any_feature_extractor_config_transcribes_or_is_one_line(model_folder: Path, data: st.DataObject) -> None:
     """The preprocessor config decides the features' shape: a load that passes must also transcribe."""
     config = json.loads((model_folder / "preprocessor_config.json").read_text())
     fields = sorted(config)
     crafted = data.draw(st.one_of(
         st.dictionaries(st.sampled_from(fields), JSON_VALUE, min_size=1, max_size=3).map(lambda c: {**config, **c}),
         JSON_VALUE))
-    folder = _crafted(model_folder, tmp_path_factory.mktemp("features"), "preprocessor_config.json",
-                      _json_bytes(crafted))
-    _loads_or_one_line(folder, offload=False, transcribe_after=True)
+    with _crafted(model_folder, "preprocessor_config.json", _json_bytes(crafted)) as folder:
+        _loads_or_one_line(folder, offload=False, transcribe_after=True)
 
 
 @TRANSCRIBING
 @given(data=st.data())
-def test_any_tokenizer_files_load_or_are_one_line(model_folder: Path, tmp_path_factory: pytest.TempPathFactory,
-                                                  data: st.DataObject) -> None:
+def test_any_tokenizer_files_load_or_are_one_line(model_folder: Path, data: st.DataObject) -> None:
     name = data.draw(st.sampled_from(["tokenizer.json", "tokenizer_config.json", "generation_config.json"]))
     raw = (model_folder / name).read_bytes()
     if name == "tokenizer.json":  # 4 MB: cut it, or replace a top-level part
@@ -178,8 +179,8 @@ def test_any_tokenizer_files_load_or_are_one_line(model_folder: Path, tmp_path_f
             st.dictionaries(st.sampled_from(sorted(config)), JSON_VALUE, min_size=1, max_size=3).map(
                 lambda c: {**config, **c}),
             JSON_VALUE)))
-    _loads_or_one_line(_crafted(model_folder, tmp_path_factory.mktemp("tokenizer"), name, content), offload=False,
-                       transcribe_after=True)
+    with _crafted(model_folder, name, content) as folder:
+        _loads_or_one_line(folder, offload=False, transcribe_after=True)
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +199,7 @@ def draft_folder(tiny_bundle, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @FOLDERS
 @given(data=st.data())
-def test_any_draft_folder_drafts_or_is_one_line(tiny_bundle, draft_folder: Path,
-                                               tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+def test_any_draft_folder_drafts_or_is_one_line(tiny_bundle, draft_folder: Path, data: st.DataObject) -> None:
     which = data.draw(st.sampled_from(["draft.json", "model.safetensors"]))
     if which == "draft.json":
         description = json.loads((draft_folder / "draft.json").read_text())
@@ -224,7 +224,11 @@ def test_any_draft_folder_drafts_or_is_one_line(tiny_bundle, draft_folder: Path,
             body = body[:begin] + fill * (end - begin) + body[end:]
         text = _json_bytes(header)
         content = struct.pack("<Q", len(text)) + text + body
-    folder = _crafted(draft_folder, tmp_path_factory.mktemp("crafted-draft"), which, content)
+    with _crafted(draft_folder, which, content) as folder:
+        _drafts_or_one_line(tiny_bundle, folder)
+
+
+def _drafts_or_one_line(tiny_bundle, folder: Path) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         draft = load_draft(folder, tiny_bundle.model)
