@@ -18,7 +18,7 @@ PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
 
 
 class WindowPlace(Protocol):
-    """Where a window is in its audio (`asr.transcription.AudioProgress` is one)."""
+    """Where a window is in its audio (`asr.progress.AudioProgress` is one)."""
 
     options: TranscribeOptions
     seek: int  # the window's first mel frame

@@ -2,13 +2,14 @@
 drafting from the last hypothesis and without, beside the offline transcript's WER.
 
     python scripts/bench_live.py                                   # -> docs/figures/live.{json,md}
-    python scripts/bench_live.py --dtype int8 --out docs/figures/live-int8
-    python scripts/bench_live.py --files p001.mp3 --out /tmp/live  # one file of longform/
+    python scripts/bench_live.py --dtype int8 --runs realtime --out docs/figures/live-int8
+    python scripts/bench_live.py --files p001.mp3 --out /tmp/live  # one file of longform/ ("sonnets": all three)
 
 For each file: two runs at `--step` without `--realtime` (the same updates at the same audio positions: the
 committed words must be equal, and the decoder's seconds compare), then two with `--realtime` (audio arrives at
 its own pace; latency from a word's end in the audio to its commit, wall clock). 2 threads, `base`. Decoder
 seconds: the passes that make the tokens, drafting included (not the encoder, nor the word-alignment pass).
+"Drafting" is what `asr stream` does by default: the last hypothesis, then the assistant `auto` picks.
 """
 
 from __future__ import annotations
@@ -17,19 +18,30 @@ import argparse
 import time
 
 import numpy as np
-from benchlib import command_line, figure_path, load, longform_rows, use_threads, write_figures
+from benchlib import (command_line, figure_path, load, longform_rows, sonnets, sonnets_reference, use_threads,
+                      write_figures)
 
-FILES = ("p001.mp3", "voxpopuli-en-000.ogg")
+FILES = ("sonnets", "voxpopuli-en-000.ogg")
 
 
-def _stream(bundle, samples: np.ndarray, assistant, step: float, realtime: bool) -> tuple[str, dict]:
+def _audio(name: str) -> tuple[np.ndarray, str]:
+    """A file's samples and reference text ("sonnets": the three sonnets joined)."""
+    if name == "sonnets":
+        return sonnets(), sonnets_reference()
+    return load(f"longform/{name}"), longform_rows()[name]["text"]
+
+
+def _stream(bundle, samples: np.ndarray, assistant, drafting: bool, step: float, realtime: bool,
+            vad: bool) -> tuple[str, dict]:
     from asr.live import StreamingTranscriber
     from asr.live.sources import file_chunks
+    from asr.live.voice import VoiceActivity
     from asr.options import TranscribeOptions
 
     began = time.monotonic()
     clock = (lambda: time.monotonic() - began) if realtime else None
-    live = StreamingTranscriber(bundle, TranscribeOptions(language="en"), assistant, clock=clock)
+    live = StreamingTranscriber(bundle, TranscribeOptions(language="en"), assistant, drafting=drafting, clock=clock,
+                                voice=VoiceActivity() if vad else None)
     for chunk in file_chunks(samples, step, realtime):
         live.insert_audio(chunk)
         live.process()
@@ -55,6 +67,8 @@ def main() -> None:
     parser.add_argument("--step", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "int8"])
+    parser.add_argument("--runs", default="stepped,realtime", help="stepped, realtime or both (comma-separated)")
+    parser.add_argument("--vad", action="store_true", help="streams with voice activity detection (--vad)")
     parser.add_argument("--out", default=str(figure_path("live")))
     args = parser.parse_args()
     use_threads(args.threads)
@@ -68,28 +82,30 @@ def main() -> None:
 
     precision = torch.float32 if args.dtype == "float32" else "int8"
     bundle = load_model("base", dtype=precision)
-    drafting = make_assistant("auto", bundle, dtype=precision)
-    rows, results = longform_rows(), []
+    assistant = make_assistant("auto", bundle, dtype=precision)  # after the last hypothesis; None: that alone
+    runs = [run == "realtime" for run in ("stepped", "realtime") if run in args.runs.split(",")]
+    results = []
     for name in args.files:
-        samples = load(f"longform/{name}")
-        reference = rows[name]["text"]
+        samples, reference = _audio(name)
         offline = transcribe(bundle, samples, TranscribeOptions(language="en")).text
         found = {"file": name, "seconds": round(len(samples) / 16000, 1),
                  "offline_wer": round(_wer(reference, offline), 2)}
         texts = {}
-        for realtime in (False, True):
-            for label, assistant in (("none", None), ("drafting", drafting)):
-                text, stats = _stream(bundle, samples, assistant, args.step, realtime)
+        for realtime in runs:
+            for label, on in (("none", False), ("drafting", True)):
+                text, stats = _stream(bundle, samples, assistant, on, args.step, realtime, args.vad)
                 key = f"{'realtime' if realtime else 'stepped'}_{label}"
                 texts[key] = text
                 found[key] = {**stats, "wer": round(_wer(reference, text), 2)}
                 print(name, key, {k: found[key][k] for k in ("wer", "compute_per_audio_second", "latency_mean",
                                                              "latency_p90", "decoder_seconds_per_update")}, flush=True)
-        found["stepped_same_words"] = texts["stepped_none"] == texts["stepped_drafting"]
-        found["stepped_decoder_ratio"] = round(found["stepped_none"]["decoder_seconds"]
-                                               / max(found["stepped_drafting"]["decoder_seconds"], 1e-9), 2)
+        if "stepped_none" in texts:
+            found["stepped_same_words"] = texts["stepped_none"] == texts["stepped_drafting"]
+            found["stepped_decoder_ratio"] = round(found["stepped_none"]["decoder_seconds"]
+                                                   / max(found["stepped_drafting"]["decoder_seconds"], 1e-9), 2)
         results.append(found)
-    write_figures(args.out, {"files": results, "step": args.step, "threads": args.threads, "dtype": args.dtype},
+    write_figures(args.out, {"files": results, "step": args.step, "threads": args.threads, "dtype": args.dtype,
+                             "vad": args.vad},
                   _table(results),
                   command_line())
 
@@ -99,13 +115,15 @@ def _table(results: list[dict]) -> str:
              "model passes / update | acceptance |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for found in results:
         for key in ("stepped_none", "stepped_drafting", "realtime_none", "realtime_drafting"):
+            if key not in found:
+                continue
             s = found[key]
             lines.append(f"| {found['file']} ({found['seconds']} s) | {key.replace('_', ', ')} | {s['wer']} "
                          f"({found['offline_wer']}) | {s['compute_per_audio_second']} | {s['latency_mean']} / "
                          f"{s['latency_p90']} | {s['decoder_seconds_per_update']} | {s['model_passes_per_update']} | "
                          f"{s['acceptance_rate']} |")
     lines.append("")
-    for found in results:
+    for found in filter(lambda found: "stepped_same_words" in found, results):
         lines.append(f"- {found['file']}: stepped runs commit the same words with and without drafting: "
                      f"{found['stepped_same_words']}; decoder seconds {found['stepped_decoder_ratio']}x fewer.")
     return "\n".join(lines) + "\n"

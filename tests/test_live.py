@@ -14,8 +14,9 @@ from click.testing import CliRunner
 from asr.assist.choose import make_assistant
 from asr.cli import main
 from asr.live import StreamingTranscriber
-from asr.live.hypothesis import moved_reference
+from asr.live.hypothesis import joined_windows, moved_reference
 from asr.live.sources import file_chunks, pcm_chunks
+from asr.live.voice import VoiceActivity
 from asr.models.registry import load_model
 from asr.options import TranscribeOptions
 from decoding import ReferenceDraft
@@ -67,14 +68,24 @@ def test_moved_reference_starts_after_the_segment_that_ends_at_the_cut() -> None
     assert moved_reference(tokens, 1.0, begin) == []
 
 
+def test_joined_windows_read_as_one_window_of_the_whole_buffer() -> None:
+    begin = 50364
+    first = [begin, 11, begin + 100, begin + 100]  # <0.00> a <2.00><2.00>: the second window starts at 2 s
+    second = [begin, 12, 13, begin + 50]  # <0.00> b c <1.00>
+    assert joined_windows([first, second], [0.0, 2.0], begin) == [begin, 11, begin + 100, begin + 100, 12, 13,
+                                                                  begin + 150]
+    assert joined_windows([first], [0.0], begin) == first
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_whisper_folder: Path):
     return load_model(str(tiny_whisper_folder))
 
 
-def _stream(bundle, audio: np.ndarray, assistant, max_new_tokens: int = 24, trim_seconds: float = 6.0):
+def _stream(bundle, audio: np.ndarray, assistant, max_new_tokens: int = 24, trim_seconds: float = 6.0,
+            drafting: bool = True):
     live = StreamingTranscriber(bundle, TranscribeOptions(language="en", max_new_tokens=max_new_tokens), assistant,
-                                trim_seconds=trim_seconds)
+                                drafting=drafting, trim_seconds=trim_seconds)
     committed = []
     for chunk in file_chunks(audio, 1.0, realtime=False):
         live.insert_audio(chunk)
@@ -86,18 +97,22 @@ def _stream(bundle, audio: np.ndarray, assistant, max_new_tokens: int = 24, trim
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_drafting_from_the_last_hypothesis_commits_the_same_words_with_fewer_passes(tiny, seed: int) -> None:
     audio = np.random.default_rng(seed).normal(0, 0.1, 12 * 16000).astype(np.float32)
-    plain, expected = _stream(tiny, audio, None)
+    plain, expected = _stream(tiny, audio, None, drafting=False)
     drafted, got = _stream(tiny, audio, make_assistant("self:int8", tiny))
+    alone, by_hypothesis = _stream(tiny, audio, None)  # the last hypothesis alone (auto may choose no assistant)
     assert [(s.text, s.start, s.end, s.emitted_at) for s in got] == \
            [(s.text, s.start, s.end, s.emitted_at) for s in expected]
-    assert plain.stats.updates == drafted.stats.updates == 12
-    assert drafted.stats.generation.accepted_tokens > 0
-    assert drafted.stats.generation.model_forward_passes < plain.stats.generation.model_forward_passes
+    assert [s.text for s in by_hypothesis] == [s.text for s in expected]
+    assert plain.stats.updates == drafted.stats.updates == alone.stats.updates == 12
+    assert drafted.stats.generation.accepted_tokens > 0 and alone.stats.generation.accepted_tokens > 0
+    for run in (drafted, alone):
+        assert run.stats.generation.model_forward_passes < plain.stats.generation.model_forward_passes
+    assert (plain.stats.assistant, alone.stats.assistant) == ("none", "hypothesis")
 
 
 def test_committed_words_are_where_two_hypotheses_agree_and_the_rest_comes_at_the_end(tiny) -> None:
     audio = np.random.default_rng(5).normal(0, 0.1, 7 * 16000).astype(np.float32)
-    live = StreamingTranscriber(tiny, TranscribeOptions(language="en", max_new_tokens=24), None)
+    live = StreamingTranscriber(tiny, TranscribeOptions(language="en", max_new_tokens=24), None, drafting=False)
     committed = []
     for chunk in file_chunks(audio, 1.0, realtime=False):
         live.insert_audio(chunk)
@@ -116,12 +131,58 @@ def test_committed_words_are_where_two_hypotheses_agree_and_the_rest_comes_at_th
 
 
 def test_minutes_of_silence_commit_nothing_and_keep_the_buffer_within_a_window(tiny) -> None:
-    live = StreamingTranscriber(tiny, TranscribeOptions(language="en", max_new_tokens=8), None)
+    live = StreamingTranscriber(tiny, TranscribeOptions(language="en", max_new_tokens=8), None, drafting=False)
     for _ in range(90):  # three minutes, two seconds at a time
         live.insert_audio(np.zeros(2 * 16000, dtype=np.float32))
         assert live.process() == []
         assert len(live._buffer) <= 30 * 16000
     assert live.finish() == [] and live.stats.audio_seconds == 180
+
+
+def _speech() -> np.ndarray:
+    from audio import load_audio
+    from tests.conftest import EVALDATA
+
+    return load_audio(EVALDATA / "clips" / "jfk.flac")[:40000]  # 0.4-2.3 s: "And so, my fellow Americans"
+
+
+def test_the_voice_detector_hears_speech_start_and_end_as_audio_arrives() -> None:
+    speech = _speech()
+    voice = VoiceActivity()
+    voice.add(np.zeros(16000, dtype=np.float32))
+    assert not voice.speaking and voice.speech_start is None
+    for chunk in file_chunks(np.concatenate([speech, np.zeros(2 * 16000, dtype=np.float32)]), 0.3, False):
+        voice.add(chunk)  # chunks that are not whole frames: the rest waits for the next
+    assert not voice.speaking and voice.scored == (len(speech) + 3 * 16000) // 512 * 512
+    assert 16000 + 3200 <= voice.speech_start <= 16000 + 9600
+    assert 16000 + 32000 <= voice.speech_end <= 16000 + 40000
+
+
+def test_with_vad_minutes_of_silence_decode_nothing_and_keep_only_a_pad(tiny) -> None:
+    live = StreamingTranscriber(tiny, TranscribeOptions(language="en", max_new_tokens=8), None,
+                                voice=VoiceActivity())
+    noise = np.random.default_rng(0)
+    for _ in range(90):  # three minutes of quiet room noise, two seconds at a time
+        live.insert_audio(noise.normal(0, 0.002, 2 * 16000).astype(np.float32))
+        assert live.process() == []
+        assert len(live._buffer) <= 0.31 * 16000
+    assert live.finish() == [] and live.stats.updates == 0 and live.stats.audio_seconds == 180
+
+
+def test_with_vad_a_pause_commits_the_utterance_before_it_whole(tiny) -> None:
+    speech, pause = _speech(), np.zeros(3 * 16000, dtype=np.float32)
+    live = StreamingTranscriber(tiny, TranscribeOptions(language="en", max_new_tokens=12), None,
+                                voice=VoiceActivity())
+    committed = []
+    for chunk in file_chunks(np.concatenate([pause, speech, pause]), 1.0, realtime=False):
+        live.insert_audio(chunk)
+        committed += live.process()
+    # The pause ended the speech: everything of it was committed before the stream ended, none left pending.
+    assert committed and live._hypothesis == [] and len(live._buffer) <= 0.31 * 16000
+    assert live.finish() == []
+    updates = live.stats.updates
+    assert 1 <= updates <= 6  # the speech's seconds and the pause's commit, not the silence around it
+    assert all(2.5 <= w.start for s in committed for w in s.words)
 
 
 def test_raw_pcm_chunks_pair_odd_bytes_and_resample() -> None:
@@ -213,7 +274,7 @@ def test_real_speech_streams_the_same_words_with_and_without_drafting() -> None:
 
     bundle = load_model("base")
     audio = load_audio(EVALDATA / "clips" / "jfk.flac")
-    plain, expected = _stream(bundle, audio, None, max_new_tokens=224, trim_seconds=15.0)
+    plain, expected = _stream(bundle, audio, None, max_new_tokens=224, trim_seconds=15.0, drafting=False)
     drafted, got = _stream(bundle, audio, make_assistant("auto", bundle), max_new_tokens=224, trim_seconds=15.0)
     assert "".join(s.text for s in got) == "".join(s.text for s in expected)
     assert "ask not what your country can do for you" in "".join(s.text for s in got).lower()

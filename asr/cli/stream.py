@@ -33,6 +33,9 @@ def _live_options(command: Callable) -> Callable:
                      help="Seconds of new audio between updates (the least; more when decoding falls behind)."),
         click.option("--trim-seconds", type=float, default=15.0, show_default=True,
                      help="A buffer longer than this is cut at its last committed segment."),
+        click.option("--vad", is_flag=True,
+                     help="Silero VAD: silence is not decoded (nothing invented, less compute), and a pause of "
+                          "0.5 s commits the words before it."),
         click.option("--output-format", "-f", type=click.Choice(STREAM_FORMATS), default="txt", show_default=True,
                      help="txt: committed text on standard output as it comes; jsonl: a JSON line per commit "
                           "(start, end, text, emitted_at) and one of stats; with -o, the transcript's file format."),
@@ -84,7 +87,7 @@ def listen_command(input_device, **common) -> None:
 
 
 def _run(chunks: Callable[[float], Iterator], name: str, *, wall_clock: bool, model, assistant, language, task,
-         initial_prompt, step, trim_seconds, output_format, output_dir, device, dtype, offload, offload_folder,
+         initial_prompt, step, trim_seconds, vad, output_format, output_dir, device, dtype, offload, offload_folder,
          max_memory, threads, quiet) -> None:
     from asr.assist.choose import load_pair
     from asr.cli.options import describe_assistant
@@ -105,10 +108,17 @@ def _run(chunks: Callable[[float], Iterator], name: str, *, wall_clock: bool, mo
             options = TranscribeOptions(language=language, task=task, initial_prompt=initial_prompt)
             status(f"loading {model} on {device} ({str(precision).removeprefix('torch.')})")
             bundle, chosen = load_pair(model, assistant, device=device, dtype=precision, offload=offloading)
-            status(describe_assistant(assistant, chosen) + ("; drafting from the last hypothesis" if chosen else ""))
+            status(describe_assistant(assistant, chosen) + ("; drafting from the last hypothesis" if assistant != "none"
+                                                            else ""))
             began = time.monotonic()
             clock = (lambda: time.monotonic() - began) if wall_clock else None
-            live = StreamingTranscriber(bundle, options, chosen, trim_seconds=trim_seconds, clock=clock)
+            voice = None
+            if vad:
+                from asr.live.voice import VoiceActivity
+
+                voice = VoiceActivity()
+            live = StreamingTranscriber(bundle, options, chosen, drafting=assistant != "none",
+                                        trim_seconds=trim_seconds, clock=clock, voice=voice)
         except ValueError as error:
             raise click.ClickException(str(error)) from None
         show, failed = _printer(output_format), False

@@ -185,7 +185,7 @@ def detect_languages(bundle: WhisperBundle, files: tuple[str, ...], options: Tra
         try:
             for audio in audio_inputs(path, split_stereo, read_stdin):
                 samples = load_audio(audio.source)
-                # The recording's floor, as transcribing it would detect (asr.transcription.AudioProgress.floor).
+                # The recording's floor, as transcribing it would detect (asr.progress.AudioProgress.floor).
                 language, probs = detect_language(bundle, samples, options.language_detection_segments,
                                                   options.language_detection_threshold,
                                                   recording_floor(samples, bundle.n_mels))

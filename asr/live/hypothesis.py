@@ -56,3 +56,16 @@ def moved_reference(tokens: Sequence[int], cut: float, timestamp_begin: int) -> 
         if tokens[j] - timestamp_begin == step:
             return [t - step if t >= timestamp_begin else t for t in tokens[j + 1:]]
     return []
+
+
+def joined_windows(windows: Sequence[Sequence[int]], seeks: Sequence[float], timestamp_begin: int) -> list[int]:
+    """The tokens of a buffer's windows as one sequence, each window's timestamps moved by where it starts
+    (`seeks`, seconds, one per window): what a decode of the whole buffer would say in one window."""
+    joined: list[int] = []
+    for tokens, seek in zip(windows, seeks):
+        step = round(seek / 0.02)
+        moved = [t + step if t >= timestamp_begin else t for t in tokens]
+        if joined and moved and moved[0] == joined[-1]:
+            moved = moved[1:]  # the first window's last timestamp is where the second starts
+        joined += moved
+    return joined

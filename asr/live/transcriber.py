@@ -3,8 +3,9 @@
 Every update re-decodes the buffer (the audio since the last trim, at most a window) with the committed text
 before it as the prompt. The words on which this hypothesis and the last one agree from the start
 (LocalAgreement-2) are committed; the buffer is trimmed at the end of a committed Whisper segment once it
-is longer than `trim_seconds`. With an assistant, each re-decode drafts the last hypothesis first: most of a
-re-decode is then one verifying pass, and the words are the model's greedy words either way.
+is longer than `trim_seconds`. With drafting on, each re-decode drafts the last hypothesis first: most of a
+re-decode is then one verifying pass, and the words are the model's greedy words either way. With voice
+activity detection, silence is not decoded at all and a pause commits the utterance before it whole.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from asr.live.hypothesis import HypothesisAssistant, moved_reference, segment_boundaries
+from asr.live.hypothesis import HypothesisAssistant, joined_windows, moved_reference, segment_boundaries
+from asr.live.voice import VoiceActivity
 from asr.options import TranscribeOptions
 from asr.results import Segment, Transcript, TranscriptionStats, Word
-from audio.constants import SAMPLE_RATE
+from audio.constants import HOP_LENGTH, SAMPLE_RATE
 from decoding.stats import GenerationStats
 
 # Whisper reads at most 30 s at a time; a buffer that grows past this without a commit drops its start.
 MAX_BUFFER_SECONDS = 30.0
 # Committed text kept in the prompt (whisper_streaming keeps 200 characters).
 PROMPT_CHARACTERS = 200
+# An update decodes a second window only for this much audio after the first one's last complete segment: a
+# shorter rest is in the next update's first window, without another encoder pass now.
+SECOND_WINDOW_SECONDS = 2.0
 
 
 @dataclass
@@ -48,7 +53,7 @@ class CommittedSegment:
 class StreamStats:
     """What a stream cost: updates, compute against audio, the decoders' work, and commit latency."""
 
-    assistant: str = "none"  # what drafted: "hypothesis+<the run's assistant>", or none
+    assistant: str = "none"  # what drafted: "hypothesis", "hypothesis+<the run's assistant>", or none
     updates: int = 0
     audio_seconds: float = 0.0
     compute_seconds: float = 0.0
@@ -84,15 +89,21 @@ class StreamingTranscriber:
         bundle: a loaded model.
         options: transcription options (language, task, prompt...); the stream decodes greedily at temperature
             0 with word timestamps, whatever they say (a sampled fallback would make hypotheses disagree).
-        assistant: drafts the new audio at the end of each buffer (`asr.assist.choose.make_assistant`); with an
-            assistant, each update first drafts the last hypothesis. None: plain re-decodes (for comparison).
+        assistant: drafts the new audio at the end of each buffer, after the last hypothesis
+            (`asr.assist.choose.make_assistant`), or None.
+        drafting: whether each update drafts the last hypothesis (and the assistant) at all; False: plain
+            re-decodes, the same words (for comparison).
         trim_seconds: a buffer longer than this is cut at the end of its last committed segment.
         clock: seconds since the stream began, for `emitted_at` (default: the audio received so far, which makes
             a run deterministic; pass a wall clock for live audio).
+        voice: voice activity detection (`asr.live.voice.VoiceActivity`), or None to decode everything: with it,
+            updates in silence decode nothing and keep only a pad of audio, and the end of speech commits the
+            utterance whole.
     """
 
     def __init__(self, bundle, options: TranscribeOptions = TranscribeOptions(), assistant=None, *,
-                 trim_seconds: float = 15.0, clock: Callable[[], float] | None = None) -> None:
+                 drafting: bool = True, trim_seconds: float = 15.0, clock: Callable[[], float] | None = None,
+                 voice: VoiceActivity | None = None) -> None:
         from asr.transcription import Transcriber
 
         if not 1.0 <= trim_seconds <= MAX_BUFFER_SECONDS - 1:
@@ -102,10 +113,13 @@ class StreamingTranscriber:
                                condition_on_previous_text=True, batch_size=None, vad=None, clip_timestamps=())
         Transcriber(bundle, self.options, None)  # the options' checks, once, before any audio
         self.assistant = assistant
+        self.drafting = drafting
         self.trim_seconds = trim_seconds
+        self.voice = voice
         self.clock = clock or (lambda: self.received / SAMPLE_RATE)
         self.language = self.options.language
-        self.stats = StreamStats(assistant="none" if assistant is None else f"hypothesis+{assistant.name}")
+        self.stats = StreamStats(assistant="none" if not drafting else "hypothesis" if assistant is None
+                                 else f"hypothesis+{assistant.name}")
         self.committed: list[CommittedSegment] = []
         self.received = 0  # samples inserted so far
         self._buffer = np.zeros(0, dtype=np.float32)
@@ -124,11 +138,17 @@ class StreamingTranscriber:
         self._buffer = np.concatenate([self._buffer, samples])
         self.received += len(samples)
         self.stats.audio_seconds = self.received / SAMPLE_RATE
+        if self.voice is not None:
+            started = time.perf_counter()
+            self.voice.add(samples)
+            self.stats.compute_seconds += time.perf_counter() - started
 
     # --- updates -------------------------------------------------------------------------------------------
 
     def process(self) -> list[CommittedSegment]:
         """Re-decodes the buffer; returns what this update committed (possibly nothing)."""
+        if self.voice is not None and not self.voice.speaking:
+            return self._after_speech()
         forced = self._fit_window()
         words, segments_end = self._decode()
         new = self._after_committed(words)
@@ -143,11 +163,13 @@ class StreamingTranscriber:
 
     def finish(self) -> list[CommittedSegment]:
         """Decodes what is left and commits all of it (the stream ended)."""
+        if self.voice is not None and not self.voice.speaking:
+            return self._after_speech()
         if len(self._buffer) == 0 or self._decoded_through == self.received:  # the last update saw it all
             words, self._hypothesis = self._hypothesis, []
             return self._commit(words)
         forced = self._fit_window()
-        words, _ = self._decode()
+        words, _ = self._decode(whole=True)
         self._hypothesis = []
         return forced + self._commit(self._after_committed(words))
 
@@ -165,8 +187,30 @@ class StreamingTranscriber:
 
     # --- inside --------------------------------------------------------------------------------------------
 
-    def _decode(self) -> tuple[list[Word], list[float]]:
-        """One decode of the buffer: its words in stream time, and the stream times at which its segments end."""
+    def _after_speech(self) -> list[CommittedSegment]:
+        """An update where the voice detector hears no speech: a buffer that holds the end of the last speech is
+        decoded through it (and its pad) and all of it committed; then, and in silence, only the last pad of
+        audio is kept (speech may start in it)."""
+        end = self.voice.speech_end
+        committed = []
+        if end is not None and end / SAMPLE_RATE > self._buffer_start:
+            committed = self._fit_window()
+            through = min(len(self._buffer),
+                          int(round((end / SAMPLE_RATE + self.voice.pad - self._buffer_start) * SAMPLE_RATE)))
+            words, _ = self._decode(through, whole=True)
+            committed += self._commit(self._after_committed(words))
+            self._hypothesis, self._reference = [], []
+            self._cut(self._buffer_start + through / SAMPLE_RATE)
+        keep = self.voice.pad + 1 / SAMPLE_RATE
+        if len(self._buffer) / SAMPLE_RATE > keep:
+            self._hypothesis, self._reference = [], []
+            self._cut(self._buffer_start + len(self._buffer) / SAMPLE_RATE - keep)
+        return committed
+
+    def _decode(self, samples: int | None = None, whole: bool = False) -> tuple[list[Word], list[float]]:
+        """One decode of the buffer (its first `samples`; None: all of it): its words in stream time, and the
+        stream times at which its segments end. An update leaves a short rest after its windows for the next
+        update (`SECOND_WINDOW_SECONDS`); the last decode of an utterance (`whole`) decodes all of it."""
         from asr.transcription import Transcriber
 
         started = time.perf_counter()
@@ -176,16 +220,20 @@ class StreamingTranscriber:
         options = replace(self.options, language=self.language,
                           initial_prompt=" ".join(p for p in (user_prompt, prompt) if p) or None)
         assistant = None
-        if self.assistant is not None:
+        if self.drafting:
             inner_k = (getattr(self.assistant, "schedule", None) or ("heuristic", 5))[1]
             assistant = HypothesisAssistant(self._reference, self.assistant, inner_k)
         windows: list[list[int]] = []
         with _without_fallback_warnings():
-            transcript = Transcriber(self.bundle, options, assistant,
-                                     lambda window: windows.append(window.tokens)).segments(self._buffer).result()
+            transcriber = Transcriber(self.bundle, options, assistant, lambda window: windows.append(window.tokens))
+            buffer = self._buffer[:samples]
+            transcript = transcriber.leading_windows(buffer, 0.0 if whole else SECOND_WINDOW_SECONDS)
         if self.language is None:
             self.language = transcript.language  # one language for the whole stream, as detected first
-        self._reference = windows[0] if windows else []
+        seeks = sorted({s.seek * HOP_LENGTH / SAMPLE_RATE for s in transcript.segments})
+        if len(seeks) != len(windows):  # a window without segments: where the next one starts is not known
+            windows, seeks = windows[:1], [0.0]
+        self._reference = joined_windows(windows, seeks, self.bundle.special.timestamp_begin)
         stats = transcript.stats
         self.stats.updates += 1
         self.stats.generation.add(stats.generation)
@@ -196,8 +244,8 @@ class StreamingTranscriber:
         words = [Word(w.word, w.start + offset, w.end + offset, w.probability)
                  for s in transcript.segments for w in (s.words or ())]
         timestamp_begin = self.bundle.special.timestamp_begin
-        first = windows[0] if windows else []
-        ends = [offset + (first[j] - timestamp_begin) * 0.02 for j in segment_boundaries(first, timestamp_begin)]
+        ends = [offset + (self._reference[j] - timestamp_begin) * 0.02
+                for j in segment_boundaries(self._reference, timestamp_begin)]
         return words, ends
 
     def _committed_words_before_buffer(self) -> list[Word]:
