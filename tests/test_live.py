@@ -218,6 +218,17 @@ def test_stream_command_prints_json_lines_then_stats_and_writes_the_transcript(t
     assert written["text"] == "".join(line["text"] for line in lines[:-1])
 
 
+def test_stream_command_with_vad_decodes_no_silence(tiny_whisper_folder: Path, tmp_path: Path) -> None:
+    raw = tmp_path / "quiet.raw"
+    raw.write_bytes(np.random.default_rng(1).normal(0, 60, 20 * 16000).astype("<i2").tobytes())
+    result = CliRunner().invoke(main, ["stream", "-", "--model", str(tiny_whisper_folder), "--language", "en",
+                                       "-f", "jsonl", "-q", "--vad"], input=raw.read_bytes())
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.strip().splitlines()]
+    assert lines == [lines[-1]] and lines[-1]["stats"]["updates"] == 0
+    assert lines[-1]["stats"]["audio_seconds"] == 20 and lines[-1]["stats"]["assistant"] == "hypothesis"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--step", "0"], "--step must be from 0.1 to 10 seconds, got 0"),
     (["-f", "srt"], "-f srt writes the transcript when the stream ends: give -o DIR"),

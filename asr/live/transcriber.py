@@ -32,6 +32,10 @@ PROMPT_CHARACTERS = 200
 # An update decodes a second window only for this much audio after the first one's last complete segment: a
 # shorter rest is in the next update's first window, without another encoder pass now.
 SECOND_WINDOW_SECONDS = 2.0
+# The last decode of a stream or an utterance leaves less: a rest under a second is at most a word, and decoded
+# as a window of its own it came back as a hallucinated loop ("the world, the world, ...") in a real-time run
+# on the sonnets with --vad (a stream has no temperature fallback to retry it).
+LAST_REST_SECONDS = 1.0
 
 
 @dataclass
@@ -210,7 +214,7 @@ class StreamingTranscriber:
     def _decode(self, samples: int | None = None, whole: bool = False) -> tuple[list[Word], list[float]]:
         """One decode of the buffer (its first `samples`; None: all of it): its words in stream time, and the
         stream times at which its segments end. An update leaves a short rest after its windows for the next
-        update (`SECOND_WINDOW_SECONDS`); the last decode of an utterance (`whole`) decodes all of it."""
+        update (`SECOND_WINDOW_SECONDS`); the last decode of an utterance (`whole`) all but a second at most."""
         from asr.transcription import Transcriber
 
         started = time.perf_counter()
@@ -227,7 +231,7 @@ class StreamingTranscriber:
         with _without_fallback_warnings():
             transcriber = Transcriber(self.bundle, options, assistant, lambda window: windows.append(window.tokens))
             buffer = self._buffer[:samples]
-            transcript = transcriber.leading_windows(buffer, 0.0 if whole else SECOND_WINDOW_SECONDS)
+            transcript = transcriber.leading_windows(buffer, LAST_REST_SECONDS if whole else SECOND_WINDOW_SECONDS)
         if self.language is None:
             self.language = transcript.language  # one language for the whole stream, as detected first
         seeks = sorted({s.seek * HOP_LENGTH / SAMPLE_RATE for s in transcript.segments})
