@@ -10,6 +10,7 @@ from asr.cli.distill import distill_command
 from asr.cli.eval import eval_command
 from asr.cli.generate import generate
 from asr.cli.models import models
+from asr.cli.serve import serve_command
 from asr.cli.stream import listen_command, stream_command
 from asr.cli.transcribe import transcribe
 
@@ -19,7 +20,7 @@ def main() -> None:
     """Whisper transcription sped up by assisted decoding, with the large model's exact words."""
 
 
-for _command in (transcribe, stream_command, listen_command, batch_command, eval_command, distill_command,
+for _command in (transcribe, stream_command, listen_command, serve_command, batch_command, eval_command, distill_command,
                  generate, models):
     main.add_command(_command)
 

@@ -177,6 +177,11 @@ class StreamingTranscriber:
         self._hypothesis = []
         return forced + self._commit(self._after_committed(words))
 
+    @property
+    def pending_text(self) -> str:
+        """The last hypothesis's words that are not committed yet (what a display shows as tentative)."""
+        return "".join(w.word for w in self._hypothesis).strip()
+
     def transcript(self) -> Transcript:
         """What was committed, as a `Transcript` (for the writers: txt, srt, vtt, json)."""
         segments = [Segment(id=i, seek=0, start=c.start, end=c.end, text=c.text, tokens=[], temperature=0.0,

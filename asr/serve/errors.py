@@ -1,0 +1,116 @@
+"""Errors in the OpenAI API's JSON shape, and the guard on request bodies (size and pace).
+
+OpenAI answers `{"error": {"message", "type", "param", "code"}}` with the status code that fits; clients such as
+the `openai` package turn that into their own exceptions (BadRequestError, AuthenticationError, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+class TooLarge(APIError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the upload is larger than this server's limit of {describe_size(limit)}",
+                         code="request_too_large")
+
+
+class SlowClient(APIError):
+    def __init__(self, timeout: float) -> None:
+        super().__init__(408, f"the request body did not arrive within {timeout:g} s of waiting", code="timeout")
+
+
+def describe_size(size: int) -> str:
+    return f"{size / 1e6:g} MB" if size >= 1_000_000 else f"{size} bytes"
+
+
+def parse_size(text: str) -> int:
+    """`25MB`, `500k`, `1GiB` or a number of bytes.
+
+    Raises:
+        ValueError: not a size.
+    """
+    units = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30}
+    cleaned = text.strip().lower().replace(" ", "")
+    number = cleaned.rstrip("kmgib")
+    try:
+        size = float(number) * units[cleaned[len(number):]]
+    except (KeyError, ValueError):
+        raise ValueError(f"not a size: {text!r} (try 25MB, 500k or a number of bytes)") from None
+    if size < 1:
+        raise ValueError(f"a size must be at least 1 byte, got {text!r}")
+    return int(size)
+
+
+class BodyGuard:
+    """ASGI middleware: a body over `limit` bytes is refused (413, by its Content-Length before it is read, else
+    as soon as the bytes read pass the limit), and a client that pauses longer than `timeout` seconds while
+    sending its body gets 408; both as OpenAI-shaped JSON, and the connection closes."""
+
+    def __init__(self, app: ASGIApp, limit: int, timeout: float) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await send_error(send, TooLarge(self.limit))
+            return
+        received, body_done, started = 0, False, False
+
+        async def guarded() -> Message:
+            nonlocal received, body_done
+            if body_done:  # after the body: a disconnect may take as long as it takes
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout)
+            except asyncio.TimeoutError:
+                raise SlowClient(self.timeout) from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
+                if received > self.limit:
+                    raise TooLarge(self.limit)
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, guarded, tracked)
+        except (TooLarge, SlowClient) as error:  # raised where the app read the body, outside its handlers
+            if not started:
+                await send_error(send, error)
+
+
+async def send_error(send: Send, error: APIError) -> None:
+    body = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
