@@ -35,12 +35,12 @@ def serve_command(host, port, model, assistant, api_key, max_upload, max_batch, 
 
     Point the OpenAI SDK at it: OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY or "none").
     """
-    try:
-        import fastapi  # noqa: F401
-        import multipart  # noqa: F401
-        import uvicorn
-    except ImportError:
-        raise click.ClickException(SERVE_EXTRA) from None
+    from importlib.util import find_spec
+
+    if not all(find_spec(name) for name in ("fastapi", "uvicorn", "python_multipart")):
+        raise click.ClickException(SERVE_EXTRA)
+    import uvicorn
+
     from asr.assist.choose import load_pair
     from asr.cli.options import describe_assistant
     from asr.serve import ServerSettings, create_app

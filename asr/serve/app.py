@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
@@ -46,6 +46,8 @@ class ServerSettings:
     max_batch: int = 8  # windows of concurrent requests decoded together
     max_queue: int = 64  # requests waiting beyond those; one more gets 503
     body_timeout: float = 30.0  # the longest pause allowed while a client sends its upload
+    # What a request's fields do not set (they set language, task, prompt, temperature and word times).
+    options: TranscribeOptions = TranscribeOptions()
 
 
 def create_app(bundle: Any, assistant: Any, settings: ServerSettings = ServerSettings()) -> FastAPI:
@@ -191,13 +193,13 @@ def _parse_form(form: Any, task: str, settings: ServerSettings) -> _Request:
     if stream not in ("true", "false", "1", "0"):
         raise bad_request(f"stream must be true or false, got {stream!r}", param="stream")
     language = form.get("language") if task == "transcribe" else None
-    # openai-whisper: from the given temperature up in steps of 0.2 when a window fails its checks.
-    temperatures = TEMPERATURES if temperature == 0 else tuple(t for t in TEMPERATURES if t >= temperature) or (1.0,)
-    if temperature and temperatures[0] != temperature:
-        temperatures = (temperature, *temperatures)
-    options = TranscribeOptions(language=str(language) if language else None, task=task,
-                                initial_prompt=str(form.get("prompt") or "") or None, temperatures=temperatures,
-                                word_timestamps="word" in granularities)
+    # 0: the server's fallback schedule; else openai-whisper's, from the given temperature up in steps of 0.2.
+    temperatures = settings.options.temperatures
+    if temperature:
+        temperatures = (temperature, *(t for t in TEMPERATURES if t > temperature + 1e-6))
+    options = replace(settings.options, language=str(language) if language else None, task=task,
+                      initial_prompt=str(form.get("prompt") or "") or None, temperatures=temperatures,
+                      word_timestamps="word" in granularities)
     return _Request(options, response_format, "word" in granularities,
                     not granularities or "segment" in granularities, stream in ("true", "1"))
 
