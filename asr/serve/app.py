@@ -7,7 +7,6 @@ audio goes through one `Scheduler`, which decodes the windows of concurrent requ
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from asr.errors import first_line
 from asr.options import TEMPERATURES, TranscribeOptions
-from asr.serve.errors import APIError, BodyGuard, bad_request
+from asr.serve.errors import APIError, BodyGuard, bad_request, check_key
 from asr.serve.formats import MEDIA_TYPES, RESPONSE_FORMATS, delta_event, done_event, render, sse
 from asr.serve.scheduler import Busy, Job, Scheduler
 
@@ -98,18 +97,6 @@ def create_app(bundle: Any, assistant: Any, settings: ServerSettings = ServerSet
 
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
     return app
-
-
-def check_key(request: Request, settings: ServerSettings, given: str | None = None) -> None:
-    """Raises 401 unless the request carries the server's key (`Authorization: Bearer KEY`, or `given`)."""
-    if settings.api_key is None:
-        return
-    if given is None:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        given = given.strip() if scheme.lower() == "bearer" else ""
-    if not hmac.compare_digest(given.encode(), settings.api_key.encode()):
-        raise APIError(401, "Incorrect API key provided." if given else
-                       "You didn't provide an API key (Authorization: Bearer KEY).", code="invalid_api_key")
 
 
 def _model_card(name: str, app: FastAPI) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the `openai` package turn that into their own exceptions (BadRequestError, Authe
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 from typing import Any
 
@@ -23,6 +24,18 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def check_key(request: Any, settings: Any, given: str | None = None) -> None:
+    """Raises 401 unless the request carries the server's key (`Authorization: Bearer KEY`, or `given`)."""
+    if settings.api_key is None:
+        return
+    if given is None:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        given = given.strip() if scheme.lower() == "bearer" else ""
+    if not hmac.compare_digest(given.encode(), settings.api_key.encode()):
+        raise APIError(401, "Incorrect API key provided." if given else
+                       "You didn't provide an API key (Authorization: Bearer KEY).", code="invalid_api_key")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

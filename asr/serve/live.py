@@ -21,7 +21,7 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from asr.errors import first_line
-from asr.serve.errors import APIError, bad_request
+from asr.serve.errors import APIError, bad_request, check_key
 from audio.constants import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
@@ -30,8 +30,6 @@ logger = logging.getLogger(__name__)
 def add_live_route(app: FastAPI, scheduler: Any, settings: Any) -> None:
     @app.websocket("/v1/audio/live")
     async def live(websocket: WebSocket) -> None:
-        from asr.serve.app import check_key
-
         await websocket.accept()
         try:
             check_key(websocket, settings, websocket.query_params.get("api_key"))  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from asr.transcription import Transcriber
 
 logger = logging.getLogger(__name__)
+
+# Kinds of decoding (`_kind`) whose decoders are kept for the next request of that kind.
+KINDS_KEPT = 16
 
 
 class Busy(RuntimeError):
@@ -47,9 +51,11 @@ class Event:
 class Job:
     """One request's audio on its way through the worker; events go to the request's asyncio loop."""
 
-    def __init__(self, audio: AudioProgress, kind: TranscribeOptions, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, audio: AudioProgress, kind: TranscribeOptions, decoder: Any,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.audio = audio
         self.kind = kind
+        self.decoder = decoder  # the kind's `WindowDecoder`
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = False
         self.submitted = time.perf_counter()
@@ -85,7 +91,7 @@ class Scheduler:
         self.max_queue = max_queue
         # One lock for every pass of the model: the worker's batches and the live sessions' updates.
         self.compute = threading.Lock()
-        self._transcribers: dict[TranscribeOptions, Transcriber] = {}
+        self._transcribers: OrderedDict[TranscribeOptions, Transcriber] = OrderedDict()
         self._building = threading.Lock()
         self._jobs: list[Job] = []  # in arrival order, each at a window to decode
         self._arrived = threading.Condition()
@@ -115,8 +121,8 @@ class Scheduler:
         Raises:
             Busy: the queue is full. ValueError: options the model cannot honour.
         """
-        self.check(options)
         kind = _kind(options)
+        decoder = self._transcriber(kind).decoder
         language = resolve_language(options.language, self.bundle)
         initial = prompt_texts(options, self.bundle).initial
         with self._arrived:
@@ -126,7 +132,7 @@ class Scheduler:
                 raise Busy(f"the server is busy ({len(self._jobs)} requests in hand); retry later")
             self._index += 1
             audio = AudioProgress(self._index, samples, language, kind, initial, name=name)
-            job = Job(audio, kind, loop)
+            job = Job(audio, kind, decoder, loop)
             self._jobs.append(job)
             self._arrived.notify()
         return job
@@ -152,6 +158,9 @@ class Scheduler:
         with self._building:  # once per kind; building one runs nothing on the model
             if kind not in self._transcribers:
                 self._transcribers[kind] = Transcriber(self.bundle, kind, self.assistant)
+                if len(self._transcribers) > KINDS_KEPT:  # requests may ask for any temperature: keep a few
+                    self._transcribers.popitem(last=False)
+            self._transcribers.move_to_end(kind)
             return self._transcribers[kind]
 
     def _run(self) -> None:
@@ -186,7 +195,7 @@ class Scheduler:
         return [job for job in kept if job.kind == kind][: self.max_batch]
 
     def _decode(self, batch: list[Job]) -> None:
-        decoder = self._transcribers[batch[0].kind].decoder
+        decoder = batch[0].decoder
         try:
             with self.compute:
                 decoder.decode([job.audio for job in batch])
