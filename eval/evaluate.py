@@ -25,6 +25,7 @@ def evaluate(
     on_message: Callable[[str], None] | None = None,
     on_item: Callable | None = None,
     offload: Any = None,
+    hypotheses: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Runs every configuration over the items of `sources`, interleaved, and summarises the run.
 
@@ -38,6 +39,8 @@ def evaluate(
         on_message: called with one-line messages: skipped configurations, bad items, failed decodes.
         on_item: called after each item with (item, {configuration: result}).
         offload: `asr.models.offload.OffloadOptions` for the model (None: all of it on `device`).
+        hypotheses: stored transcripts to score beside the configurations, `FILE[:NAME]` each
+            (`eval.hypotheses`); with no `compare`, nothing is decoded and no model is loaded.
 
     Returns:
         `eval.metrics.summarize`'s dictionary with a `run` entry (model, device, sources, versions...).
@@ -52,32 +55,50 @@ def evaluate(
     from asr.models.registry import load_model
     from eval.backends import make_backends
 
+    from eval.hypotheses import StoredBackend, read_hypotheses
+
     message = on_message or (lambda _: None)
-    configs = parse_configs(compare)
+    configs = parse_configs(compare) if compare else []
+    stored = [read_hypotheses(spec) for spec in hypotheses]  # a bad file fails before any model loads
+    names = [c.name for c in configs] + [s.name for s in stored]
+    if len(set(names)) != len(names):
+        raise ValueError(f"configuration names must differ (give a hypotheses file another as FILE:NAME): {names}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     items = _open_sources(sources, audio_column, text_column)
     dtype = dtype or torch.float32
     offload = resolve_offload(offload, device)
-    bundle = load_model(model, device=device, dtype=dtype, offload=offload)
-    backends, skipped = make_backends(configs, model, bundle, device=device, dtype=dtype,
-                                      threads=torch.get_num_threads(), offload=offload)
+    backends: list = []
+    skipped: dict[str, str] = {}
+    if configs:
+        bundle = load_model(model, device=device, dtype=dtype, offload=offload)
+        backends, skipped = make_backends(configs, model, bundle, device=device, dtype=dtype,
+                                          threads=torch.get_num_threads(), offload=offload)
     for name, reason in skipped.items():
         message(f"skipping configuration {name}: {reason}")
-    if not backends:
+    if not backends and not stored:
         raise ValueError("no configuration can run here: " + "; ".join(f"{n}: {r}" for n, r in skipped.items()))
-    run = run_interleaved(items, backends, language=language, limit=limit, on_item=on_item, on_problem=message)
+    backends += [StoredBackend(s) for s in stored]
+    run = run_interleaved(items, backends, language=language, limit=limit, on_item=on_item, on_problem=message,
+                          warmup=bool(configs))
     run.skipped = skipped
     missing = [item.id for item in run.items if item.error is None and item.reference is None]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         message(f"{len(missing)} item(s) without reference text, timed but not scored: {shown}")
     report = summarize(run)
+    report["hypotheses"] = []
+    for source in stored:
+        failed = {f["id"] for c in report["configurations"] if c["name"] == source.name for f in c["items_failed"]}
+        missing = [item.id for item in run.items if item.id in failed and source.find(item.id) is None]
+        for line in source.problems(missing):
+            message(line)
+        report["hypotheses"].append(source.summary(missing))
     report["run"] = {
         "model": model, "device": device, "dtype": str(dtype).replace("torch.", ""),
         "offload": None if offload is None else {"device": offload.device, "max_memory": offload.max_memory},
         "threads": torch.get_num_threads(), "sources": list(sources),
-        "configurations": [c.name for c in configs], "language": language, "limit": limit,
+        "configurations": names, "language": language, "limit": limit,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from eval.decoded import Decoded
-from eval.normalize import normalize
+from eval.normalize import normalize, normalizer_name
 from eval.runner import EvalItem, EvalRun, Failure
 from eval.wer import ErrorCounts, error_counts
 
@@ -47,7 +47,7 @@ def item_row(item: EvalItem, outcome: Decoded | Failure | None, reference: Decod
         row["error"] = outcome.message if isinstance(outcome, Failure) else item.error
         return row
     language = item_language(item, outcome)
-    row.update(language=language, hypothesis=outcome.text, error=None)
+    row.update(language=language, normalizer=normalizer_name(language), hypothesis=outcome.text, error=None)
     if item.reference is not None:
         row["reference_normalized"] = normalize(item.reference, language)
         row["hypothesis_normalized"] = normalize(outcome.text, language)
@@ -87,8 +87,12 @@ def summarize(run: EvalRun) -> dict[str, Any]:
         rows = [item_row(item, outcome, run.results[first][i])
                 for i, (item, outcome) in enumerate(zip(run.items, outcomes))]
         summary = summarize_config(run.items, outcomes, run.results[first], rows)
+        if config.kind == "hypotheses" or run.configs[0].kind == "hypotheses":
+            _untimed(summary, rows, stored=config.kind == "hypotheses")
         configurations.append({"name": config.name, "kind": config.kind, "assistant": config.assistant,
                                "reference_configuration": first, **summary, "items": rows})
+    for config in configurations:
+        config.update(_difference(configurations[0], config))
     missing = [item.id for item in run.items if item.error is None and item.reference is None]
     return {
         "reference_configuration": first,
@@ -171,6 +175,39 @@ def summarize_config(items: Sequence[EvalItem], outcomes: Sequence[Decoded | Fai
         "exact_matches": sum(o.text.strip() == f.text.strip() for o, f in both),
         "exact_match_rate": _round(_ratio(sum(o.text.strip() == f.text.strip() for o, f in both), len(both))),
     }
+
+
+# Timing figures that mean nothing for stored transcripts (they were made elsewhere, at another time).
+TIMED_KEYS = ("total_seconds", "median_seconds", "median_rtf", "rtf", "speedup", "median_item_speedup")
+
+
+def _untimed(summary: dict[str, Any], rows: list[dict[str, Any]], stored: bool) -> None:
+    """Stored transcripts have no time; nor has a speed-up against them."""
+    keys = TIMED_KEYS if stored else ("speedup", "median_item_speedup")
+    summary.update(dict.fromkeys(keys))
+    for row in rows:
+        row.update(dict.fromkeys(("seconds", "rtf", "speedup") if stored else ("speedup",)))
+
+
+def _difference(first: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """This configuration's WER minus the first's over the items both scored, with its paired bootstrap 95 %
+    interval (`eval.bootstrap`)."""
+    from eval.bootstrap import paired_interval
+
+    if config is first:
+        return {"wer_difference": None, "wer_difference_ci": None, "paired_items": None}
+    theirs = {row["id"]: row for row in first["items"] if row.get("wer") is not None}
+    pairs = [(theirs[row["id"]], row) for row in config["items"]
+             if row.get("wer") is not None and row["id"] in theirs]
+    words = [a["reference_length"] for a, _ in pairs]
+    errors_a = [a["substitutions"] + a["deletions"] + a["insertions"] for a, _ in pairs]
+    errors_b = [b["substitutions"] + b["deletions"] + b["insertions"] for _, b in pairs]
+    if not pairs or not sum(words):
+        return {"wer_difference": None, "wer_difference_ci": None, "paired_items": len(pairs)}
+    interval = paired_interval(errors_a, errors_b, words)
+    return {"wer_difference": _round((sum(errors_b) - sum(errors_a)) / sum(words)),
+            "wer_difference_ci": None if interval is None else [_round(interval[0]), _round(interval[1])],
+            "paired_items": len(pairs)}
 
 
 def _total(values) -> float | int | None:

@@ -26,3 +26,9 @@ def normalize(text: str, language: str = "en") -> str:
     """Whisper's English normaliser for English (spellings, numbers, fillers); the basic one otherwise."""
     normalizer = _english() if language == "en" else _basic()
     return " ".join(normalizer(text).split())
+
+
+def normalizer_name(language: str) -> str:
+    """Which normaliser and unit `language` is scored with, as the report names it."""
+    name = "whisper-english" if language == "en" else "whisper-basic"
+    return f"{name}, characters" if language in CHARACTER_LANGUAGES else f"{name}, words"

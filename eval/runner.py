@@ -124,6 +124,11 @@ def _decode_all(backends: Sequence[Backend], samples, item: EvalItem, position: 
 
 
 def _decode(backend: Backend, samples, item: EvalItem, on_problem: Callable[[str], None] | None) -> Decoded | Failure:
+    if hasattr(backend, "decode_item"):  # stored transcripts (eval.hypotheses): looked up, not decoded
+        try:
+            return backend.decode_item(item.id, item.language)
+        except (LookupError, RuntimeError) as error:  # counted and reported once per source, not per item
+            return Failure(first_line(str(error)))
     start = time.perf_counter()
     try:
         decoded = backend.decode(samples, item.language)

@@ -24,6 +24,9 @@ from asr.cli.runtime import parse_offload, runtime_options
                    "openai-whisper's command line: beam:5), transformers, "
                    "transformers-assisted:NAME[,k=N], faster-whisper[,compute_type=C][,batched=N][,beam=N]. "
                    "Default: greedy and assisted:self:int8 (self:fp16 off the CPU).")
+@click.option("--hypotheses", "hypotheses", multiple=True, metavar="FILE[:NAME]",
+              help="Stored transcripts to score beside the configurations, repeatable: `asr batch` rows, JSONL or "
+                   "CSV with an id and a text, or a folder of ITEM.txt; matched by id (docs/eval.md).")
 @click.option("--report", "report_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for report.md, report.json, items.jsonl and the plots.")
 @click.option("--language", default=None, help="Decode and score every item in this language (default: each "
@@ -33,7 +36,7 @@ from asr.cli.runtime import parse_offload, runtime_options
 @click.option("--text-column", default="text", show_default=True, help="Dataset column with the reference.")
 @runtime_options(threads_help="Torch CPU threads (faster-whisper gets as many).")
 @click.option("--quiet", "-q", is_flag=True, help="No line per item.")
-def eval_command(sources, model, compare, report_dir, language, limit, audio_column, text_column, device, dtype,
+def eval_command(sources, model, compare, hypotheses, report_dir, language, limit, audio_column, text_column, device, dtype,
                  offload, offload_folder, max_memory, threads, quiet) -> None:
     """Compare decoding configurations on SOURCE... (folders, manifests with `text`, datasets): WER, latency
     and exactness, written to --report DIR as tables, JSON and plots."""
@@ -48,7 +51,7 @@ def eval_command(sources, model, compare, report_dir, language, limit, audio_col
                                  param_hint="--report") from None
     device, torch_dtype = _setup(device, dtype, threads)
     offloading = parse_offload(offload, offload_folder, max_memory)
-    if not compare:
+    if not compare and not hypotheses:
         compare = ("greedy", "assisted:self:int8" if device == "cpu" else "assisted:self:fp16")
 
     def on_message(text: str) -> None:
@@ -57,14 +60,15 @@ def eval_command(sources, model, compare, report_dir, language, limit, audio_col
     def on_item(item, outcomes) -> None:
         if quiet:
             return
-        parts = [f"{name} failed" if isinstance(o, Failure) else f"{name} {o.seconds:.2f} s"
+        parts = [f"{name} failed" if isinstance(o, Failure) else f"{name} {o.seconds:.2f} s" if o.seconds
+                 else f"{name} stored"
                  for name, o in outcomes.items()]
         click.echo(f"{item.id} ({item.audio_seconds:.1f} s): " + " | ".join(parts), err=True)
 
     try:
         report = evaluate(sources, compare, model=model, language=language, limit=limit, device=device,
                           dtype=torch_dtype, audio_column=audio_column, text_column=text_column,
-                          on_message=on_message, on_item=on_item, offload=offloading)
+                          on_message=on_message, on_item=on_item, offload=offloading, hypotheses=hypotheses)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     report["run"]["command"] = shlex.join(["asr", "eval", *sys.argv[2:]]) if sys.argv[1:2] == ["eval"] else None

@@ -1,0 +1,117 @@
+"""`asr eval --hypotheses`: stored transcripts (an `asr batch` run, other systems' JSONL or CSV, a folder of .txt)
+scored beside decoded configurations, matched by id, every unusable row counted; and the paired bootstrap
+interval of each configuration's WER difference."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from asr.cli import main
+from eval.bootstrap import paired_interval
+from eval.hypotheses import read_hypotheses
+from eval.normalize import normalize
+from tests.conftest import SAMPLES
+
+SOURCE = str(SAMPLES / "manifest.jsonl")
+TEXTS = {"park.flac": "The sun was shining and the children were playing in the park.",
+         "numbers.flac": "She bought twenty three apples and seven oranges for nine dollars.",
+         "station.flac": "We walked to the station and waited for the last train home."}
+
+
+def _eval(tmp_path: Path, *arguments: str) -> dict:
+    result = CliRunner().invoke(main, ["eval", SOURCE, "--report", str(tmp_path / "report"), "-q", *arguments])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    report["output"] = result.output
+    return report
+
+
+def _config(report: dict, name: str) -> dict:
+    return next(c for c in report["configurations"] if c["name"] == name)
+
+
+def test_an_asr_batch_run_scores_the_wer_eval_computes_decoding(tmp_path: Path, scripted_folder: Path) -> None:
+    rows = tmp_path / "batch.jsonl"
+    batch = CliRunner().invoke(main, ["batch", SOURCE, "-o", str(rows), "--model", str(scripted_folder),
+                                      "--assistant", "none", "-q"])
+    assert batch.exit_code == 0, batch.output
+    report = _eval(tmp_path, "--model", str(scripted_folder), "--compare", "greedy", "--hypotheses",
+                   f"{rows}:last-week")
+    decoded, stored = _config(report, "greedy"), _config(report, "last-week")
+    assert stored["wer"] == decoded["wer"] and stored["wer"] > 0
+    assert stored["exact_match_rate"] == 1.0 and stored["wer_difference"] == 0.0
+    assert stored["wer_difference_ci"] == [0.0, 0.0]
+    assert stored["total_seconds"] is None and stored["speedup"] is None  # stored: no time
+    assert "WER - reference's" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_other_systems_outputs_score_without_a_model(tmp_path: Path) -> None:
+    """faster-whisper's outputs as JSONL, a CSV, a folder of .txt: no --compare, so nothing is decoded."""
+    jsonl = tmp_path / "faster-whisper.jsonl"
+    jsonl.write_text("".join(json.dumps({"id": name, "text": text}) + "\n" for name, text in TEXTS.items()))
+    csv = tmp_path / "api.csv"
+    csv.write_text("key,transcript\npark,the sun was shining\nnumbers.flac,\"She bought 23 apples, 7 oranges.\"\n"
+                   "station.flac,We walked to the station and waited for the last train home.\n")
+    folder = tmp_path / "txt"
+    folder.mkdir()
+    for name, text in TEXTS.items():
+        (folder / name).with_suffix(".txt").write_text(text.upper())
+    report = _eval(tmp_path, "--hypotheses", str(jsonl), "--hypotheses", str(csv), "--hypotheses", f"{folder}:upper")
+    assert _config(report, "faster-whisper")["wer"] == 0.0
+    assert _config(report, "upper")["wer"] == 0.0  # the English normaliser: case does not count
+    api = _config(report, "api")
+    assert api["wer"] > 0 and api["deletions"] >= 7  # "the sun was shining" and nothing more
+    low, high = api["wer_difference_ci"]
+    assert low <= api["wer_difference"] <= high
+    assert report["run"]["configurations"] == ["faster-whisper", "api", "upper"]
+    assert all(row["normalizer"] == "whisper-english, words" for row in api["items"])
+
+
+def test_bad_rows_are_counted_one_line_each(tmp_path: Path) -> None:
+    jsonl = tmp_path / "messy.jsonl"
+    jsonl.write_text("\n".join([json.dumps({"id": "park.flac", "text": TEXTS["park.flac"]}),
+                                json.dumps({"id": "park.flac", "text": "again"}),
+                                json.dumps({"id": "numbers.flac", "text": ""}),
+                                json.dumps({"id": "elsewhere.wav", "text": "hello"}),
+                                json.dumps({"text": "no id"}),
+                                "{not json"]) + "\n")
+    report = _eval(tmp_path, "--hypotheses", str(jsonl))
+    source = report["hypotheses"][0]
+    assert source["duplicate_ids"] == ["park.flac"] and source["empty_texts"] == ["numbers.flac"]
+    assert source["unmatched_ids"] == ["elsewhere.wav"] and source["missing_items"] == ["station.flac"]
+    assert len(source["unreadable_rows"]) == 2
+    messy = _config(report, "messy")
+    assert [f["id"] for f in messy["items_failed"]] == ["station.flac"]
+    assert messy["deletions"] == len(normalize(TEXTS["numbers.flac"]).split())  # an empty text deletes every word
+    for what in ("repeated id", "empty text", "match no item", "without a hypothesis", "without an id"):
+        assert sum(what in line for line in report["output"].splitlines()) == 1, (what, report["output"])
+
+
+@pytest.mark.parametrize("content, name, message", [
+    ("a,b\n1,2\n", "x.csv", "names no id column"),
+    ("id,text\n", "empty.csv", "no hypothesis"),
+    ("hello", "x.txt", "not a JSONL, CSV"),
+    ("not json\n", "x.jsonl", "line 1 is not JSON"),
+])
+def test_a_file_of_another_format_is_one_line(tmp_path: Path, content: str, name: str, message: str) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    result = CliRunner().invoke(main, ["eval", SOURCE, "--report", str(tmp_path / "r"), "--hypotheses", str(path)])
+    assert result.exit_code == 1 and message in result.output, result.output
+    with pytest.raises(ValueError, match=message):
+        read_hypotheses(str(path))
+
+
+def test_paired_bootstrap_interval() -> None:
+    words = [10] * 50
+    same = paired_interval([1] * 50, [1] * 50, words)
+    assert same == (0.0, 0.0)
+    worse = paired_interval([1] * 50, [2] * 25 + [1] * 25, words)
+    assert 0 < worse[0] < 0.05 < worse[1] < 0.08  # +0.05 on average, always above 0
+    noisy = paired_interval([0, 3] * 25, [3, 0] * 25, words)
+    assert noisy[0] < 0 < noisy[1]
+    assert paired_interval([1], [2], [10]) is None
