@@ -26,6 +26,8 @@ def evaluate(
     on_item: Callable | None = None,
     offload: Any = None,
     hypotheses: Sequence[str] = (),
+    folder: str | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Runs every configuration over the items of `sources`, interleaved, and summarises the run.
 
@@ -41,6 +43,9 @@ def evaluate(
         offload: `asr.models.offload.OffloadOptions` for the model (None: all of it on `device`).
         hypotheses: stored transcripts to score beside the configurations, `FILE[:NAME]` each
             (`eval.hypotheses`); with no `compare`, nothing is decoded and no model is loaded.
+        folder: the report folder: each item's rows go to its items.jsonl as the item is done
+            (`eval.progress.ItemLog`); None: nowhere until the report is written.
+        resume: continue the run whose items.jsonl is in `folder`: its items are not decoded again.
 
     Returns:
         `eval.metrics.summarize`'s dictionary with a `run` entry (model, device, sources, versions...).
@@ -56,6 +61,7 @@ def evaluate(
     from eval.backends import make_backends
 
     from eval.hypotheses import StoredBackend, read_hypotheses
+    from eval.progress import ItemLog
 
     message = on_message or (lambda _: None)
     configs = parse_configs(compare) if compare else []
@@ -79,8 +85,23 @@ def evaluate(
     if not backends and not stored:
         raise ValueError("no configuration can run here: " + "; ".join(f"{n}: {r}" for n, r in skipped.items()))
     backends += [StoredBackend(s) for s in stored]
-    run = run_interleaved(items, backends, language=language, limit=limit, on_item=on_item, on_problem=message,
-                          warmup=bool(configs))
+    log = ItemLog(folder, [b.config.name for b in backends], resume) if folder is not None else None
+
+    def finished(item, outcomes) -> None:
+        if log is not None:
+            log.write(item, outcomes)
+        if on_item is not None:
+            on_item(item, outcomes)
+
+    try:
+        run = run_interleaved(items, backends, language=language, limit=limit, on_item=finished, on_problem=message,
+                              warmup=bool(configs), done=log.done if log is not None else None)
+    finally:
+        if log is not None:
+            log.close()
+    if log is not None and log.done:
+        message(f"resumed: {sum(item.id in log.done for item in run.items)} item(s) from {log.path}, "
+                f"{sum(item.id not in log.done for item in run.items)} decoded now")
     run.skipped = skipped
     missing = [item.id for item in run.items if item.error is None and item.reference is None]
     if missing:

@@ -42,7 +42,7 @@ def item_row(item: EvalItem, outcome: Decoded | Failure | None, reference: Decod
     row: dict[str, Any] = {"id": item.id, "audio": item.display, "subset": item.subset,
                            "audio_seconds": round(item.audio_seconds, 3), "reference": item.reference,
                            "hypothesis": None, "reference_normalized": None, "hypothesis_normalized": None,
-                           "wer": None, "seconds": None, "rtf": None}
+                           "wer": None, "seconds": None, "rtf": None, "item_error": item.error}
     if not isinstance(outcome, Decoded):
         row["error"] = outcome.message if isinstance(outcome, Failure) else item.error
         return row

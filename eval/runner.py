@@ -60,7 +60,9 @@ class EvalRun:
 def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: str | None = None,
                     limit: int | None = None, warmup: bool = True,
                     on_item: Callable[[EvalItem, dict[str, Decoded | Failure | None]], None] | None = None,
-                    on_problem: Callable[[str], None] | None = None) -> EvalRun:
+                    on_problem: Callable[[str], None] | None = None,
+                    done: dict[str, tuple[float, str | None, dict[str, Decoded | Failure | None]]] | None = None,
+                    ) -> EvalRun:
     """Decodes each item with every backend in turn.
 
     Args:
@@ -71,6 +73,9 @@ def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: s
         warmup: decode the first readable item once with every backend before counting.
         on_item: called after each item with its results (for progress lines).
         on_problem: called with a one-line message for each item or decode that failed.
+        done: items of an earlier run of the same configurations (`eval.progress.ItemLog`), by id: their audio
+            seconds, why they could not be decoded (or None) and results, taken as they are (no audio read,
+            nothing decoded).
 
     Returns:
         The items and, per configuration name, one result per item.
@@ -86,6 +91,12 @@ def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: s
         item = EvalItem(id=_unique(str(source_item.id), seen), display=str(source_item.display),
                         reference=source_item.text, subset=source_item.subset,
                         language=language or source_item.language, error=source_item.error)
+        if done and item.id in done:
+            item.audio_seconds, item.error, outcomes = done[item.id]
+            run.items.append(item)
+            for name, results in run.results.items():
+                results.append(outcomes.get(name))
+            continue
         samples = None
         if item.error is None:
             try:

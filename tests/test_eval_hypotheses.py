@@ -115,3 +115,62 @@ def test_paired_bootstrap_interval() -> None:
     noisy = paired_interval([0, 3] * 25, [3, 0] * 25, words)
     assert noisy[0] < 0 < noisy[1]
     assert paired_interval([1], [2], [10]) is None
+
+
+def _manifest(tmp_path: Path, copies: int) -> Path:
+    """The three samples under `copies` distinct ids each, one of them unreadable."""
+    lines = [json.dumps({"id": f"{name}-{k}", "audio": str(SAMPLES / name), "text": text})
+             for k in range(copies) for name, text in TEXTS.items()]
+    lines.insert(4, json.dumps({"id": "gone", "audio": str(tmp_path / "missing.flac"), "text": "nothing"}))
+    path = tmp_path / "manifest.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _figures(report_dir: Path) -> tuple:
+    report = json.loads((report_dir / "report.json").read_text())
+    config = report["configurations"][0]
+    rows = [(r["id"], r["hypothesis"], r["wer"], r["error"]) for r in config["items"]]
+    return config["wer"], config["items_decoded"], report["items_total"], rows
+
+
+def test_a_killed_run_resumes_to_the_same_report(tmp_path: Path, scripted_folder: Path) -> None:
+    """kill -9 in the middle, then --resume: the report of one uninterrupted run, nothing decoded twice."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    manifest = _manifest(tmp_path, copies=20)
+    command = [sys.executable, "-m", "asr", "eval", str(manifest), "--model", str(scripted_folder), "--compare",
+               "greedy", "--threads", "1", "-q"]
+    whole = subprocess.run([*command, "--report", str(tmp_path / "whole")], capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([*command, "--report", str(killed)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (killed / "items.jsonl").exists() or len((killed / "items.jsonl").read_text().splitlines()) < 12:
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (killed / "report.json").exists()
+    before = len((killed / "items.jsonl").read_text().splitlines())
+    resumed = subprocess.run([*command, "--report", str(killed), "--resume"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    import re
+
+    taken, decoded = map(int, re.search(r"resumed: (\d+) item\(s\) from .*, (\d+) decoded now", resumed.stderr).groups())
+    assert taken >= before - 1 and taken + decoded == 61  # one row per item: all but a cut one taken, none twice
+    assert _figures(killed) == _figures(tmp_path / "whole")
+    ids = [json.loads(line)["id"] for line in (killed / "items.jsonl").read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 61  # every item once (the final file is the report's)
+
+
+def test_resume_refuses_another_runs_configurations(tmp_path: Path, scripted_folder: Path) -> None:
+    manifest = _manifest(tmp_path, copies=1)
+    arguments = ["eval", str(manifest), "--model", str(scripted_folder), "--report", str(tmp_path / "r"), "-q"]
+    assert CliRunner().invoke(main, [*arguments, "--compare", "greedy"]).exit_code == 0
+    result = CliRunner().invoke(main, [*arguments, "--compare", "assisted:self:int8", "--resume"])
+    assert result.exit_code == 1 and "resume it with the same" in result.output, result.output

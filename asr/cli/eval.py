@@ -29,6 +29,8 @@ from asr.cli.runtime import parse_offload, runtime_options
                    "CSV with an id and a text, or a folder of ITEM.txt; matched by id (docs/eval.md).")
 @click.option("--report", "report_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for report.md, report.json, items.jsonl and the plots.")
+@click.option("--resume", is_flag=True, help="Continue the run whose items.jsonl is in --report (a stopped or killed "
+                                            "run): its items are not decoded again.")
 @click.option("--language", default=None, help="Decode and score every item in this language (default: each "
                                                  "item's own, else detected).")
 @click.option("--limit", type=int, default=None, help="Only the first N items.")
@@ -36,8 +38,8 @@ from asr.cli.runtime import parse_offload, runtime_options
 @click.option("--text-column", default="text", show_default=True, help="Dataset column with the reference.")
 @runtime_options(threads_help="Torch CPU threads (faster-whisper gets as many).")
 @click.option("--quiet", "-q", is_flag=True, help="No line per item.")
-def eval_command(sources, model, compare, hypotheses, report_dir, language, limit, audio_column, text_column, device, dtype,
-                 offload, offload_folder, max_memory, threads, quiet) -> None:
+def eval_command(sources, model, compare, hypotheses, report_dir, resume, language, limit, audio_column, text_column,
+                 device, dtype, offload, offload_folder, max_memory, threads, quiet) -> None:
     """Compare decoding configurations on SOURCE... (folders, manifests with `text`, datasets): WER, latency
     and exactness, written to --report DIR as tables, JSON and plots."""
     from eval.evaluate import evaluate
@@ -68,7 +70,8 @@ def eval_command(sources, model, compare, hypotheses, report_dir, language, limi
     try:
         report = evaluate(sources, compare, model=model, language=language, limit=limit, device=device,
                           dtype=torch_dtype, audio_column=audio_column, text_column=text_column,
-                          on_message=on_message, on_item=on_item, offload=offloading, hypotheses=hypotheses)
+                          on_message=on_message, on_item=on_item, offload=offloading, hypotheses=hypotheses,
+                          folder=report_dir, resume=resume)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     report["run"]["command"] = shlex.join(["asr", "eval", *sys.argv[2:]]) if sys.argv[1:2] == ["eval"] else None
