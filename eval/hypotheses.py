@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from eval.configs import EvalConfig
-from eval.decoded import Decoded
+from eval.backends.decoded import Decoded
 
 ID_KEYS = ("id", "key", "utt_id", "audio", "file")
 TEXT_KEYS = ("text", "hypothesis", "transcript", "prediction", "pred_text")

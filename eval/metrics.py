@@ -6,7 +6,7 @@ import statistics
 from collections import Counter
 from typing import Any, Sequence
 
-from eval.decoded import Decoded
+from eval.backends.decoded import Decoded
 from eval.normalize import normalize, normalizer_name
 from eval.runner import EvalItem, EvalRun, Failure
 from eval.wer import ErrorCounts, error_counts
@@ -89,6 +89,10 @@ def summarize(run: EvalRun) -> dict[str, Any]:
         summary = summarize_config(run.items, outcomes, run.results[first], rows)
         if config.kind == "hypotheses" or run.configs[0].kind == "hypotheses":
             _untimed(summary, rows, stored=config.kind == "hypotheses")
+        if run.batch_size > 1:  # items decoded together: only the configuration's whole time means something
+            summary.update(dict.fromkeys(("median_seconds", "median_rtf", "median_item_speedup")))
+            for row in rows:
+                row.update(dict.fromkeys(("seconds", "rtf", "speedup")))
         configurations.append({"name": config.name, "kind": config.kind, "assistant": config.assistant,
                                "reference_configuration": first, **summary, "items": rows})
     for config in configurations:
@@ -96,6 +100,7 @@ def summarize(run: EvalRun) -> dict[str, Any]:
     missing = [item.id for item in run.items if item.error is None and item.reference is None]
     return {
         "reference_configuration": first,
+        "batch_size": run.batch_size,
         "warmup_item": run.warmup_item,
         "items_total": len(run.items),
         "items_decodable": sum(item.error is None for item in run.items),
@@ -149,6 +154,7 @@ def summarize_config(items: Sequence[EvalItem], outcomes: Sequence[Decoded | Fai
         "median_seconds": _round(_median(seconds)),
         "median_rtf": _round(_median([o.seconds / i.audio_seconds for i, o, _, _ in decoded if i.audio_seconds])),
         "rtf": _round(_ratio(sum(seconds), audio)),
+        "rtfx": _round(_ratio(audio, sum(seconds)), 2),
         "encode_seconds": _round(_total(o.encode_seconds for o in done)),
         "decode_seconds": _round(_total(o.decode_seconds for o in done)),
         "median_encode_seconds": _round(_median([o.encode_seconds for o in done

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eval.decoded import Decoded
+from eval.backends.decoded import Decoded
 from eval.metrics import item_row
 from eval.runner import EvalItem, Failure
 
@@ -26,14 +26,15 @@ _COUNTS = ("encode_seconds", "decode_seconds", "generated_tokens", "model_forwar
 
 
 class ItemLog:
-    """Appends each finished item's rows to FOLDER/items.jsonl; with `resume`, first reads what is there.
+    """Appends each finished item's rows to `path` (a report's items.jsonl, or a process's part of it); with
+    `resume`, first reads what is there (`done`).
 
     Raises:
         ValueError: (resume) the earlier run compared other configurations, or its file cannot be read.
     """
 
-    def __init__(self, folder: str | Path, names: list[str], resume: bool) -> None:
-        self.path = Path(folder) / "items.jsonl"
+    def __init__(self, path: str | Path, names: list[str], resume: bool) -> None:
+        self.path = Path(path)
         self.names = names
         self.done: dict[str, tuple[float, str | None, dict[str, Decoded | Failure | None]]] = {}
         if resume and self.path.exists():
@@ -61,26 +62,34 @@ class ItemLog:
             return file.read(1) == b"\n"
 
     def _read(self) -> None:
-        rows: dict[str, dict[str, dict[str, Any]]] = {}
-        with self.path.open(encoding="utf-8", errors="replace") as lines:
-            for number, line in enumerate(lines, 1):
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    logger.warning("%s: line %d is cut (the run stopped there); its item is decoded again",
-                                   self.path, number)
-                    continue
-                name = row.get("configuration")
-                if name not in self.names:
-                    raise ValueError(f"{self.path}: the run there compared {name!r}, not among this run's "
-                                     f"configurations ({', '.join(self.names)}); resume it with the same "
-                                     "--compare and --hypotheses, or choose another --report folder")
-                rows.setdefault(row["id"], {})[name] = row
-        for item_id, by_name in rows.items():
-            if set(by_name) == set(self.names):  # an item is done when every configuration's row is there
-                some = next(iter(by_name.values()))
-                self.done[item_id] = (some["audio_seconds"], some.get("item_error"),
-                                      {name: _outcome(row) for name, row in by_name.items()})
+        self.done.update(read_done(self.path, self.names))
+
+
+def read_done(path: Path, names: list[str]) -> dict[str, tuple[float, str | None, dict[str, Any]]]:
+    """The items of an items.jsonl (or a part) that every configuration finished: audio seconds, item error and
+    results by configuration (`eval.runner.run_interleaved`'s `done`)."""
+    done: dict[str, tuple[float, str | None, dict[str, Any]]] = {}
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                logger.warning("%s: line %d is cut (the run stopped there); its item is decoded again",
+                               path, number)
+                continue
+            name = row.get("configuration")
+            if name not in names:
+                raise ValueError(f"{path}: the run there compared {name!r}, not among this run's "
+                                 f"configurations ({', '.join(names)}); resume it with the same "
+                                 "--compare and --hypotheses, or choose another --report folder")
+            rows.setdefault(row["id"], {})[name] = row
+    for item_id, by_name in rows.items():
+        if set(by_name) == set(names):  # an item is done when every configuration's row is there
+            some = next(iter(by_name.values()))
+            done[item_id] = (some["audio_seconds"], some.get("item_error"),
+                             {name: _outcome(row) for name, row in by_name.items()})
+    return done
 
 
 def _outcome(row: dict[str, Any]) -> Decoded | Failure | None:

@@ -48,7 +48,11 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"- command: `{run['command']}`")
     lines += [f"- items: {report['items_decodable']} decodable of {report['items_total']}, "
               f"{report['audio_seconds']:.1f} s of audio; warm-up on `{report['warmup_item']}` (not counted)",
-              f"- reference configuration (speed-up, exactness): `{report['reference_configuration']}`", ""]
+              f"- reference configuration (speed-up, exactness): `{report['reference_configuration']}`"]
+    if report.get("batch_size", 1) > 1:
+        lines.append(f"- batched: {report['batch_size']} items decoded together by this library's configurations; "
+                     "each configuration is timed as a whole (total s, RTF), so per-item times are not shown")
+    lines += [""]
 
     lines += ["## Accuracy and speed", "",
               _table(["configuration", "WER", "WER - reference's (95 % CI)", "S / D / I", "median RTF", "RTF",

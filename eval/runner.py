@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from asr.errors import first_line
 from audio.constants import SAMPLE_RATE
-from eval.decoded import Backend, Decoded
+from eval.backends.decoded import Backend, Decoded
 from eval.configs import EvalConfig
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,8 @@ class EvalRun:
     skipped: dict[str, str] = field(default_factory=dict)
     # Id of the warm-up item (decoded once by every configuration, not counted), or None.
     warmup_item: str | None = None
+    # Items decoded together (1: one at a time, each timed on its own).
+    batch_size: int = 1
 
 
 def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: str | None = None,
@@ -62,8 +64,8 @@ def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: s
                     on_item: Callable[[EvalItem, dict[str, Decoded | Failure | None]], None] | None = None,
                     on_problem: Callable[[str], None] | None = None,
                     done: dict[str, tuple[float, str | None, dict[str, Decoded | Failure | None]]] | None = None,
-                    ) -> EvalRun:
-    """Decodes each item with every backend in turn.
+                    batch_size: int = 1, owns: Callable[[int], bool] | None = None) -> EvalRun:
+    """Decodes each item with every backend in turn (with `batch_size` > 1, each group of that many items).
 
     Args:
         items: `asr.batch.sources.Item`s (id, audio, text, subset, language, error).
@@ -76,21 +78,29 @@ def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: s
         done: items of an earlier run of the same configurations (`eval.progress.ItemLog`), by id: their audio
             seconds, why they could not be decoded (or None) and results, taken as they are (no audio read,
             nothing decoded).
+        batch_size: items decoded together by backends that can (`decode_many`: this library's, as
+            `asr batch --batch-size` decodes them); each backend times the whole group, and an item's seconds
+            are its share of the group's by audio length (`EvalRun.batch_size` tells the report).
+        owns: which items (by position) this process decodes among several (`asr.batch.shards.Processes`);
+            the others are left out of this run.
 
     Returns:
         The items and, per configuration name, one result per item.
     """
     from asr.batch.sources import load_item_audio
 
-    run = EvalRun(configs=[b.config for b in backends])
+    run = EvalRun(configs=[b.config for b in backends], batch_size=batch_size)
     run.results = {b.config.name: [] for b in backends}
     seen: dict[str, int] = {}
+    group: list[tuple[int, EvalItem, Any]] = []  # (position, item, samples) waiting for a batch
     for index, source_item in enumerate(items):
         if limit is not None and index >= limit:
             break
         item = EvalItem(id=_unique(str(source_item.id), seen), display=str(source_item.display),
                         reference=source_item.text, subset=source_item.subset,
                         language=language or source_item.language, error=source_item.error)
+        if owns is not None and not owns(index):
+            continue
         if done and item.id in done:
             item.audio_seconds, item.error, outcomes = done[item.id]
             run.items.append(item)
@@ -117,21 +127,49 @@ def run_interleaved(items: Iterable, backends: Sequence[Backend], *, language: s
             run.warmup_item = item.id
             for backend in backends:
                 _decode(backend, samples, item, None)
-        outcomes = _decode_all(backends, samples, item, len(run.items) - 1, on_problem)
-        for name, outcome in outcomes.items():
-            run.results[name].append(outcome)
-        if on_item is not None:
-            on_item(item, outcomes)
+        for results in run.results.values():
+            results.append(None)
+        group.append((len(run.items) - 1, item, samples))
+        if len(group) == batch_size:
+            _decode_group(run, backends, group, on_item, on_problem)
+    if group:
+        _decode_group(run, backends, group, on_item, on_problem)
     return run
 
 
-def _decode_all(backends: Sequence[Backend], samples, item: EvalItem, position: int,
-                on_problem: Callable[[str], None] | None) -> dict[str, Decoded | Failure]:
-    """Every backend on one item, starting from a different one each item so none always runs first."""
+def _decode_group(run: EvalRun, backends: Sequence[Backend], group: list, on_item, on_problem) -> None:
+    """Every backend on a group of items (one item when not batching), in rotating order; results into `run`."""
+    position = group[0][0]
     start = position % len(backends) if backends else 0
-    order = list(backends[start:]) + list(backends[:start])
-    outcomes = {backend.config.name: _decode(backend, samples, item, on_problem) for backend in order}
-    return {backend.config.name: outcomes[backend.config.name] for backend in backends}
+    outcomes: dict[str, list] = {}
+    for backend in list(backends[start:]) + list(backends[:start]):
+        if len(group) > 1 and hasattr(backend, "decode_many"):
+            outcomes[backend.config.name] = _decode_many(backend, group, on_problem)
+        else:
+            outcomes[backend.config.name] = [_decode(backend, samples, item, on_problem) for _, item, samples in group]
+    for k, (index, item, _) in enumerate(group):
+        for name in run.results:
+            run.results[name][index] = outcomes[name][k]
+        if on_item is not None:
+            on_item(item, {name: outcomes[name][k] for name in run.results})
+    group.clear()
+
+
+def _decode_many(backend: Backend, group: list, on_problem) -> list[Decoded | Failure]:
+    """A group decoded together, timed as a whole; each item's seconds are its share by audio length. A group
+    that fails is decoded item by item, so only a failing item fails."""
+    start = time.perf_counter()
+    try:
+        decoded = backend.decode_many([samples for _, _, samples in group],  # type: ignore[attr-defined]
+                                      [item.language for _, item, _ in group])
+    except Exception:
+        logger.debug("%s failed on a group; decoding its items one by one", backend.config.name, exc_info=True)
+        return [_decode(backend, samples, item, on_problem) for _, item, samples in group]
+    elapsed = time.perf_counter() - start
+    audio = sum(item.audio_seconds for _, item, _ in group) or 1.0
+    for outcome, (_, item, _) in zip(decoded, group):
+        outcome.seconds = elapsed * item.audio_seconds / audio
+    return decoded
 
 
 def _decode(backend: Backend, samples, item: EvalItem, on_problem: Callable[[str], None] | None) -> Decoded | Failure:

@@ -35,7 +35,7 @@ from benchlib import (
     use_threads,
     write_figures,
 )
-from eval.ctranslate2_backend import INSTALL_HINT
+from eval.backends.ctranslate2 import INSTALL_HINT
 
 
 def recordings() -> dict[str, tuple[np.ndarray, str]]:
@@ -78,7 +78,7 @@ class FasterWhisperBatched:
     def __init__(self, name: str, compute_type: str, batch_size: int, threads: int) -> None:
         from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-        from eval.ctranslate2_backend import ct2_folder
+        from eval.backends.ctranslate2 import ct2_folder
 
         self.name, self.batch_size = name, batch_size
         model = WhisperModel(str(ct2_folder("base")), device="cpu", compute_type=compute_type, cpu_threads=threads,

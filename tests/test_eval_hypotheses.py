@@ -174,3 +174,47 @@ def test_resume_refuses_another_runs_configurations(tmp_path: Path, scripted_fol
     assert CliRunner().invoke(main, [*arguments, "--compare", "greedy"]).exit_code == 0
     result = CliRunner().invoke(main, [*arguments, "--compare", "assisted:self:int8", "--resume"])
     assert result.exit_code == 1 and "resume it with the same" in result.output, result.output
+
+
+def test_batched_evaluation_times_each_configuration_as_a_whole(tmp_path: Path, scripted_folder: Path) -> None:
+    manifest = _manifest(tmp_path, copies=4)
+    arguments = ["eval", str(manifest), "--model", str(scripted_folder), "--compare", "greedy", "-q"]
+    for size in (1, 8):
+        result = CliRunner().invoke(main, [*arguments, "--batch-size", str(size), "--report", str(tmp_path / str(size))])
+        assert result.exit_code == 0, result.output
+    one, eight = (json.loads((tmp_path / name / "report.json").read_text()) for name in ("1", "8"))
+    assert eight["batch_size"] == 8 and "8 items decoded together" in (tmp_path / "8" / "report.md").read_text()
+    assert _figures(tmp_path / "8")[:3] == _figures(tmp_path / "1")[:3]  # the same WER, items and failures
+    config = eight["configurations"][0]
+    assert config["total_seconds"] > 0 and config["rtfx"] > 0 and config["median_seconds"] is None
+    assert all(row["seconds"] is None for row in config["items"])
+    assert [r["hypothesis"] for r in config["items"]] == [r["hypothesis"] for r in one["configurations"][0]["items"]]
+
+
+def test_two_processes_under_accelerate_write_one_report(tmp_path: Path, scripted_folder: Path) -> None:
+    """`accelerate launch --num_processes 2 -m asr eval`: one merged report, every item once, the words and WER
+    of one process's run."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("accelerate")
+    manifest = _manifest(tmp_path, copies=3)
+    arguments = ["-m", "asr", "eval", str(manifest), "--model", str(scripted_folder), "--compare", "greedy", "-q"]
+    alone = subprocess.run([sys.executable, *arguments, "--report", str(tmp_path / "one")], capture_output=True,
+                           text=True)
+    assert alone.returncode == 0, alone.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                             "--main_process_port", str(port), *arguments, "--report", str(tmp_path / "two")],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if result.returncode != 0 and any(s in result.stderr for s in ("DistNetworkError", "RendezvousConnectionError")):
+        pytest.skip(f"accelerate cannot start a process group here: {result.stderr.strip().splitlines()[-1]}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "merged the shares of 2 processes" in result.stderr
+    assert _figures(tmp_path / "two") == _figures(tmp_path / "one")
+    assert sorted(p.name for p in (tmp_path / "two").iterdir() if "items" in p.name) == ["items.jsonl"]

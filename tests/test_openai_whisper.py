@@ -43,15 +43,15 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory):
 
 def test_a_model_openai_whisper_cannot_build_is_a_reason_not_a_traceback(tiny_whisper_folder: Path) -> None:
     from asr.models.registry import load_model
-    from eval.decoded import BackendUnavailable
-    from eval.openai_whisper_backend import openai_whisper_model
+    from eval.backends.decoded import BackendUnavailable
+    from eval.backends.openai_whisper import openai_whisper_model
 
     with pytest.raises(BackendUnavailable, match="4 x d_model"):
         openai_whisper_model(load_model(str(tiny_whisper_folder)))
 
 
 def test_the_converted_model_computes_what_ours_computes(tiny_bundle) -> None:
-    from eval.openai_whisper_backend import openai_whisper_checkpoint, openai_whisper_model
+    from eval.backends.openai_whisper import openai_whisper_checkpoint, openai_whisper_model
 
     model = openai_whisper_model(tiny_bundle)
     features = torch.randn(1, tiny_bundle.n_mels, 3000)
@@ -68,7 +68,7 @@ def test_the_converted_model_computes_what_ours_computes(tiny_bundle) -> None:
 
 
 def test_the_openai_whisper_configuration_transcribes_with_its_own_code(tiny_bundle) -> None:
-    from eval.openai_whisper_backend import OpenAIWhisperBackend
+    from eval.backends.openai_whisper import OpenAIWhisperBackend
 
     config = parse_config("openai-whisper,temperature=0")
     assert config == EvalConfig("openai-whisper,temperature=0", "openai-whisper", temperature=0.0)
@@ -87,7 +87,7 @@ PARTED = ("fleurs-en-004.ogg", "fleurs-de-001.ogg", "fleurs-fr-000.ogg", "fleurs
 @pytest.fixture(scope="module")
 def base_referee(base):
     """openai-whisper on base's weights."""
-    from eval.openai_whisper_backend import openai_whisper_model
+    from eval.backends.openai_whisper import openai_whisper_model
 
     return openai_whisper_model(base)
 
@@ -132,7 +132,7 @@ def test_a_random_model_decodes_as_openai_whisper_decodes_it(tiny_bundle, seed: 
     tokens and seeks, window by window (a random model's ties are far apart, so rounding cannot part them)."""
     from asr.options import TranscribeOptions
     from asr.transcription import transcribe
-    from eval.openai_whisper_backend import openai_whisper_model
+    from eval.backends.openai_whisper import openai_whisper_model
 
     seconds, options = RULE_CASES[case]
     samples = _noise_and_tone(seconds, seed)

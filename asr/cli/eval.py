@@ -5,6 +5,7 @@ The `asr` group adds it with `main.add_command(eval_command)`; heavy imports sta
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -34,12 +35,15 @@ from asr.cli.runtime import parse_offload, runtime_options
 @click.option("--language", default=None, help="Decode and score every item in this language (default: each "
                                                  "item's own, else detected).")
 @click.option("--limit", type=int, default=None, help="Only the first N items.")
+@click.option("--batch-size", type=int, default=1, show_default=True,
+              help="Items decoded together by this library's configurations (as `asr batch --batch-size`); each "
+                   "configuration is then timed as a whole (RTFx), not per item.")
 @click.option("--audio-column", default="audio", show_default=True, help="Dataset column with the audio.")
 @click.option("--text-column", default="text", show_default=True, help="Dataset column with the reference.")
 @runtime_options(threads_help="Torch CPU threads (faster-whisper gets as many).")
 @click.option("--quiet", "-q", is_flag=True, help="No line per item.")
-def eval_command(sources, model, compare, hypotheses, report_dir, resume, language, limit, audio_column, text_column,
-                 device, dtype, offload, offload_folder, max_memory, threads, quiet) -> None:
+def eval_command(sources, model, compare, hypotheses, report_dir, resume, language, limit, batch_size, audio_column,
+                 text_column, device, dtype, offload, offload_folder, max_memory, threads, quiet) -> None:
     """Compare decoding configurations on SOURCE... (folders, manifests with `text`, datasets): WER, latency
     and exactness, written to --report DIR as tables, JSON and plots."""
     from eval.evaluate import evaluate
@@ -62,8 +66,8 @@ def eval_command(sources, model, compare, hypotheses, report_dir, resume, langua
     def on_item(item, outcomes) -> None:
         if quiet:
             return
-        parts = [f"{name} failed" if isinstance(o, Failure) else f"{name} {o.seconds:.2f} s" if o.seconds
-                 else f"{name} stored"
+        parts = [f"{name} failed" if isinstance(o, Failure) else f"{name} {o.seconds:.2f} s"
+                 if o.seconds and batch_size == 1 else name
                  for name, o in outcomes.items()]
         click.echo(f"{item.id} ({item.audio_seconds:.1f} s): " + " | ".join(parts), err=True)
 
@@ -71,9 +75,11 @@ def eval_command(sources, model, compare, hypotheses, report_dir, resume, langua
         report = evaluate(sources, compare, model=model, language=language, limit=limit, device=device,
                           dtype=torch_dtype, audio_column=audio_column, text_column=text_column,
                           on_message=on_message, on_item=on_item, offload=offloading, hypotheses=hypotheses,
-                          folder=report_dir, resume=resume)
+                          folder=report_dir, resume=resume, batch_size=batch_size)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
+    if report is None:  # another process of `accelerate launch`: process 0 writes the report
+        return
     report["run"]["command"] = shlex.join(["asr", "eval", *sys.argv[2:]]) if sys.argv[1:2] == ["eval"] else None
     write_report(report, report_dir)
     for config in report["configurations"]:
@@ -95,6 +101,11 @@ def _setup(device: str, dtype: str, threads: int | None):
 
     from asr.cli.runtime import setup_runtime
 
+    from asr.batch.shards import detect_processes
+
+    processes = detect_processes()
+    if threads is None and processes.local_count > 1:  # processes on one machine share its cores
+        threads = max(1, (os.cpu_count() or 1) // processes.local_count)
     resolved = setup_runtime(device, dtype, threads)
     transformers_logging.set_verbosity_error()
     return resolved

@@ -1,5 +1,5 @@
 """What an evaluation backend returns (`Decoded`), the interface every backend has (`Backend`), and
-`BackendUnavailable`: the small vocabulary that `eval.backends`, `eval.ctranslate2_backend`, the runner and the
+`BackendUnavailable`: the small vocabulary that `eval.backends`, `eval.backends.ctranslate2`, the runner and the
 metrics share, kept apart so that none of them imports another for it."""
 
 from __future__ import annotations

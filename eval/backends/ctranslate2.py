@@ -12,7 +12,7 @@ import numpy as np
 
 from asr.errors import first_line
 from eval.configs import EvalConfig
-from eval.decoded import BackendUnavailable, Decoded
+from eval.backends.decoded import BackendUnavailable, Decoded
 
 # The one hint for installing faster-whisper, the outside speed anchor (pyproject's `baselines` extra).
 INSTALL_HINT = 'pip install -e ".[baselines]" (or pip install faster-whisper)'

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from eval.configs import EvalConfig
-from eval.decoded import BackendUnavailable, Decoded
+from eval.backends.decoded import BackendUnavailable, Decoded
 
 if TYPE_CHECKING:
     from asr.models.registry import WhisperBundle

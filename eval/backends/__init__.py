@@ -4,14 +4,14 @@
   VAD) or batched.
 - `TransformersBackend`: transformers' own `WhisperForConditionalGeneration.generate`, with or without
   `assistant_model`, on the same loaded model (the baseline to beat).
-- `eval.ctranslate2_backend.FasterWhisperBackend`: CTranslate2 through faster-whisper, greedy (beam 1), as an
+- `eval.backends.ctranslate2.FasterWhisperBackend`: CTranslate2 through faster-whisper, greedy (beam 1), as an
   outside speed anchor, in a process of its own.
-- `eval.openai_whisper_backend.OpenAIWhisperBackend`: openai-whisper's own `transcribe()` on the same weights, the
+- `eval.backends.openai_whisper.OpenAIWhisperBackend`: openai-whisper's own `transcribe()` on the same weights, the
   referee of Whisper's rules.
 
 A backend that cannot run here raises `BackendUnavailable` when it is built, so the run skips it with a reason.
-What every backend returns and the interface they share live in `eval.decoded`, which both this module and
-`eval.ctranslate2_backend` import.
+What every backend returns and the interface they share live in `eval.backends.decoded`, which both this module and
+`eval.backends.ctranslate2` import.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import numpy as np
 
 from audio.constants import N_SAMPLES, SAMPLE_RATE
 from eval.configs import EvalConfig
-from eval.ctranslate2_backend import FasterWhisperBackend
-from eval.decoded import Backend, BackendUnavailable, Decoded
+from eval.backends.ctranslate2 import FasterWhisperBackend
+from eval.backends.decoded import Backend, BackendUnavailable, Decoded
 
 if TYPE_CHECKING:
     from asr.models.registry import WhisperBundle
@@ -78,6 +78,25 @@ class LibraryBackend:
 
         with kernel_switches(self.config.kernels):
             transcript = transcribe(self.bundle, samples, replace(self.options, language=language), self.assistant)
+        return self._decoded(transcript)
+
+
+    def decode_many(self, samples: list[np.ndarray], languages: list[str | None]) -> list[Decoded]:
+        """Several items decoded together, as `asr batch --batch-size` decodes them (their windows share
+        batches); items of one language at a time. Per-item seconds are not known: the runner times the call."""
+        from asr.transcription import Transcriber
+
+        results: list[Decoded | None] = [None] * len(samples)
+        for language in dict.fromkeys(languages):
+            rows = [i for i, code in enumerate(languages) if code == language]
+            transcriber = Transcriber(self.bundle, replace(self.options, language=language), self.assistant)
+            with kernel_switches(self.config.kernels):
+                transcripts = transcriber.transcribe_many([samples[i] for i in rows], batch_size=len(rows))
+            for i, transcript in zip(rows, transcripts):
+                results[i] = self._decoded(transcript)
+        return results  # type: ignore[return-value]
+
+    def _decoded(self, transcript: Any) -> Decoded:
         stats, generation = transcript.stats, transcript.stats.generation
         assisted = self.assistant is not None
         return Decoded(
@@ -285,7 +304,7 @@ def make_backends(configs: list[EvalConfig], model_name: str, bundle: WhisperBun
             elif config.kind == "openai-whisper":
                 import torch
 
-                from eval.openai_whisper_backend import OpenAIWhisperBackend
+                from eval.backends.openai_whisper import OpenAIWhisperBackend
 
                 # openai-whisper computes in float32 (its `fp16=False`): the float32 weights, whatever the run's.
                 form = (torch.float32, False)
