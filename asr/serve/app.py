@@ -27,6 +27,7 @@ from asr.errors import first_line
 from asr.options import TEMPERATURES, TranscribeOptions
 from asr.serve.errors import APIError, BodyGuard, bad_request, check_key
 from asr.serve.formats import MEDIA_TYPES, RESPONSE_FORMATS, delta_event, done_event, render, sse
+from asr.serve.live import add_live_route
 from asr.serve.scheduler import Busy, Job, Scheduler
 
 logger = logging.getLogger(__name__)
@@ -85,8 +86,6 @@ def create_app(bundle: Any, assistant: Any, settings: ServerSettings = ServerSet
     @app.post("/v1/audio/translations")
     async def translations(request: Request) -> Response:
         return await _transcribe(request, "translate", scheduler, settings)
-
-    from asr.serve.live import add_live_route
 
     add_live_route(app, scheduler, settings)
     static = resources.files("asr.serve") / "static"
