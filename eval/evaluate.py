@@ -64,12 +64,11 @@ def evaluate(
     import torch
     import transformers
 
+    from asr.batch.shards import detect_processes, finish, mark_done, marker_path, part_path, wait_for_parts
     from asr.models.offload import resolve_offload
     from asr.models.registry import load_model
     from eval.backends import make_backends
-
     from eval.hypotheses import StoredBackend, read_hypotheses
-    from asr.batch.shards import detect_processes, finish, mark_done, marker_path, part_path, wait_for_parts
     from eval.progress import read_done
 
     message = on_message or (lambda _: None)

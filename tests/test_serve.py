@@ -316,3 +316,38 @@ def test_bad_options_are_one_line(arguments: list[str], message: str) -> None:
 
     result = CliRunner().invoke(main, ["serve", *arguments])
     assert result.exit_code in (1, 2) and message in result.output, result.output
+
+
+def test_a_short_request_is_not_held_up_by_a_long_one(scripted) -> None:
+    """One place in the batch: a long recording (10 windows) yields it window by window, so a short request that
+    arrives behind it is done after its own single window, long before the recording."""
+    import asyncio
+
+    from asr.serve.scheduler import Scheduler
+
+    rng = np.random.default_rng(0)
+    long_audio = rng.normal(0, 0.1, 300 * SAMPLE_RATE).astype(np.float32)
+    short_audio = rng.normal(0, 0.1, 5 * SAMPLE_RATE).astype(np.float32)
+    scheduler = Scheduler(scripted, None, max_batch=1, max_queue=4)
+
+    async def both() -> list[str]:
+        loop = asyncio.get_running_loop()
+        finished: list[str] = []
+
+        async def wait(job, name: str) -> None:
+            while (event := await job.events.get()).kind != "done":
+                pass
+            finished.append(f"{name} after {scheduler.batches} batches")
+
+        with scheduler.compute:  # both are in hand before the first batch
+            long_job = scheduler.submit(long_audio, TranscribeOptions(language="en"), loop)
+            short_job = scheduler.submit(short_audio, TranscribeOptions(language="en"), loop)
+        await asyncio.gather(wait(long_job, "long"), wait(short_job, "short"))
+        return finished
+
+    try:
+        finished = asyncio.run(both())
+    finally:
+        scheduler.stop()
+    assert finished[0].startswith("short") and finished[0].endswith(" 2 batches"), finished
+    assert finished[1].startswith("long"), finished

@@ -1,9 +1,9 @@
 """Continuous batching across requests: the windows of concurrent requests are decoded together.
 
 One worker thread owns the model. Each request becomes a `Job` (its audio's `AudioProgress`); the worker takes
-the oldest job's kind of decoding (task, temperatures, word times: one `WindowDecoder` each) and decodes the
-current window of up to `max_batch` jobs of that kind as one batch, the oldest first, then moves each job on and
-hands its new segments to the request. A job that finishes leaves the batch and a waiting one takes its place
+the kind of decoding (task, temperatures, word times: one `WindowDecoder` each) of the job longest without a
+turn and decodes the current window of up to `max_batch` jobs of that kind as one batch, those longest without
+a turn first, then moves each job on and hands its new segments to the request. A job that finishes leaves the batch and a waiting one takes its place
 before the next decode (`asr.transcription` does the same for the files of one run). Jobs of one kind share a
 batch whatever their language or prompt: both are per audio. A request alone in the batch is drafted by the
 assistant `--assistant auto` picks; several are decoded as one ragged batch without it (docs/drafts.md).
@@ -59,6 +59,7 @@ class Job:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = False
         self.submitted = time.perf_counter()
+        self.last_batch = -1  # the worker's last batch that held this job (-1: none yet)
         self._loop = loop
 
     def cancel(self) -> None:
@@ -178,8 +179,8 @@ class Scheduler:
                 self._decode(batch)
 
     def _next_batch(self) -> list[Job]:
-        """The oldest job's kind, up to `max_batch` of its jobs, oldest first; drops cancelled and finished jobs
-        (called with the lock held)."""
+        """Up to `max_batch` jobs of one kind, those longest without a turn first; drops cancelled and finished
+        jobs (called with the lock held)."""
         kept = []
         for job in self._jobs:
             if job.cancelled:
@@ -191,8 +192,11 @@ class Scheduler:
         self._jobs[:] = kept
         if not kept:
             return []
-        kind = kept[0].kind
-        return [job for job in kept if job.kind == kind][: self.max_batch]
+        # Longest without a turn first (new jobs before any decoded one, then by arrival): with more jobs than
+        # places, a long recording yields its place for a batch and a short request is not held up by it.
+        waiting = sorted(kept, key=lambda job: (job.last_batch, job.audio.index))
+        kind = waiting[0].kind
+        return [job for job in waiting if job.kind == kind][: self.max_batch]
 
     def _decode(self, batch: list[Job]) -> None:
         decoder = batch[0].decoder
@@ -209,6 +213,8 @@ class Scheduler:
             for job in batch:
                 self._decode([job])
             return
+        for job in batch:
+            job.last_batch = self.batches
         self.batches += 1
         self.windows += len(batch)
         for job in batch:
