@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from benchlib import (
     REPO,
     command_line,
     figure_path,
+    free_port,
     use_threads,
     wer_items,
     write_figures,
@@ -63,9 +63,7 @@ def two_processes(manifest: Path, work: Path, model: str, assistant: str, batch_
     walls, audio = [], 0.0
     for repeat in range(repeats):
         output = work / f"procs2-{assistant.replace(':', '-')}-{batch_size}-{repeat}.jsonl"
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                    "--main_process_port", str(port), "-m", "asr", "batch", str(manifest), "-o", str(output),

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchlib import REPO, command_line, figure_path, machine, use_threads, wer_items, write_figures
+from benchlib import REPO, command_line, figure_path, free_port, machine, use_threads, wer_items, write_figures
 
 FOLDERS = ("librispeech", "ljspeech", "clips", "spontaneous", "fleurs")
 
@@ -49,9 +48,7 @@ def _reference_texts(model: str, paths: list[str], threads: int) -> list[str]:
 
 
 def _start_server(model: str, threads: int, max_batch: int) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "asr", "serve", "--model", model, "--port", str(port),
                                 "--threads", str(threads), "--max-batch", str(max_batch), "--max-queue", "256",
                                 "--log-level", "warning"], cwd=REPO)

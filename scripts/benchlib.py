@@ -36,8 +36,9 @@ SONNETS = ("p001.mp3", "p002.mp3", "p003.mp3")
 VOXPOPULI = "voxpopuli-en-000.ogg"
 
 __all__ = ["EVALDATA", "FIGURES", "REPO", "SAMPLE_RATE", "SONNETS", "VOXPOPULI", "command_line", "figure_path",
-           "figure_stem", "load", "longform_rows", "machine", "machine_line", "markdown_page", "read_figures",
-           "rewrite_markdown", "sonnets", "sonnets_reference", "timed", "use_threads", "wer_items", "write_figures"]
+           "figure_stem", "free_port", "load", "longform_rows", "machine", "machine_line", "markdown_page",
+           "read_figures", "rewrite_markdown", "sonnets", "sonnets_reference", "timed", "use_threads", "wer_items",
+           "write_figures"]
 
 
 # --- timing -------------------------------------------------------------------------------------------------
@@ -194,6 +195,15 @@ def machine_line(found: dict) -> str:
     if found.get("date"):
         parts.append(found["date"])
     return ", ".join(parts)
+
+
+def free_port() -> int:
+    """A loopback port free now (for a server or a process group a benchmark starts)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def command_line(script: str | None = None) -> str:

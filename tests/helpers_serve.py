@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from tests.conftest import free_port
 
 
 @contextmanager
@@ -14,9 +15,7 @@ def running_server(app) -> Iterator[str]:
     """Serves `app` under uvicorn in a thread; yields its base URL (http://127.0.0.1:PORT)."""
     import uvicorn
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from asr.batch.shards import (
     part_path,
 )
 from asr.cli.batch import batch_command
-from tests.conftest import REPO, SAMPLES, evaldata
+from tests.conftest import REPO, SAMPLES, evaldata, free_port
 
 GOOD = ["park.flac", "numbers.flac", "station.flac"]
 
@@ -310,12 +309,6 @@ def test_resume_merges_parts_of_an_earlier_multi_process_run(base, clips: Path, 
     assert existing_parts(output) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_under_accelerate_merge_into_one_file(base, clips: Path, reference: list[dict],
                                                             tmp_path: Path) -> None:
@@ -325,7 +318,7 @@ def test_two_processes_under_accelerate_merge_into_one_file(base, clips: Path, r
     # (`--cpu --num_processes 2` starts one process unless an MPI hostfile is given.)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), *ASR_BATCH, str(clips), "-o", str(output), "-q",
+               "--main_process_port", str(free_port()), *ASR_BATCH, str(clips), "-o", str(output), "-q",
                "--batch-size", "2"]
     result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -14,7 +14,7 @@ from asr.cli import main
 from eval.bootstrap import paired_interval
 from eval.hypotheses import read_hypotheses
 from eval.normalize import normalize
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, free_port
 
 SOURCE = str(SAMPLES / "manifest.jsonl")
 TEXTS = {"park.flac": "The sun was shining and the children were playing in the park.",
@@ -161,7 +161,8 @@ def test_a_killed_run_resumes_to_the_same_report(tmp_path: Path, scripted_folder
     assert resumed.returncode == 0, resumed.stderr
     import re
 
-    taken, decoded = map(int, re.search(r"resumed: (\d+) item\(s\) from .*, (\d+) decoded now", resumed.stderr).groups())
+    found = re.search(r"resumed: (\d+) item\(s\) from .*, (\d+) decoded now", resumed.stderr)
+    taken, decoded = map(int, found.groups())
     assert taken >= before - 1 and taken + decoded == 61  # one row per item: all but a cut one taken, none twice
     assert _figures(killed) == _figures(tmp_path / "whole")
     ids = [json.loads(line)["id"] for line in (killed / "items.jsonl").read_text().splitlines()]
@@ -180,7 +181,8 @@ def test_batched_evaluation_times_each_configuration_as_a_whole(tmp_path: Path, 
     manifest = _manifest(tmp_path, copies=4)
     arguments = ["eval", str(manifest), "--model", str(scripted_folder), "--compare", "greedy", "-q"]
     for size in (1, 8):
-        result = CliRunner().invoke(main, [*arguments, "--batch-size", str(size), "--report", str(tmp_path / str(size))])
+        result = CliRunner().invoke(main, [*arguments, "--batch-size", str(size),
+                                           "--report", str(tmp_path / str(size))])
         assert result.exit_code == 0, result.output
     one, eight = (json.loads((tmp_path / name / "report.json").read_text()) for name in ("1", "8"))
     assert eight["batch_size"] == 8 and "8 items decoded together" in (tmp_path / "8" / "report.md").read_text()
@@ -195,7 +197,6 @@ def test_two_processes_under_accelerate_write_one_report(tmp_path: Path, scripte
     """`accelerate launch --num_processes 2 -m asr eval`: one merged report, every item once, the words and WER
     of one process's run."""
     import os
-    import socket
     import subprocess
     import sys
 
@@ -205,9 +206,7 @@ def test_two_processes_under_accelerate_write_one_report(tmp_path: Path, scripte
     alone = subprocess.run([sys.executable, *arguments, "--report", str(tmp_path / "one")], capture_output=True,
                            text=True)
     assert alone.returncode == 0, alone.stderr
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     result = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                              "--main_process_port", str(port), *arguments, "--report", str(tmp_path / "two")],

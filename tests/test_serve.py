@@ -26,7 +26,7 @@ from asr.options import TranscribeOptions  # noqa: E402
 from asr.serve import ServerSettings, create_app  # noqa: E402
 from asr.transcription import transcribe  # noqa: E402
 from audio import SAMPLE_RATE, load_audio  # noqa: E402
-from tests.conftest import SAMPLES, evaldata  # noqa: E402
+from tests.conftest import SAMPLES, evaldata, free_port  # noqa: E402
 from tests.helpers_serve import running_server  # noqa: E402
 
 PARK = SAMPLES / "park.flac"
@@ -280,9 +280,7 @@ def test_asr_serve_runs_and_stops_on_ctrl_c(scripted_folder: Path) -> None:
     import subprocess
     import sys
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "asr", "serve", "--model", str(scripted_folder), "--port",
                                 str(port), "--assistant", "none", "--threads", "1"], stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -303,7 +301,7 @@ def _answers(url: str) -> bool:
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["--max-upload", "lots"], "not a size"),
+    (["--max-upload", "lots"], "expected a size such as 300MB or 2GiB, got 'lots'"),
     (["--port", "70000"], "65535"),
     (["--max-batch", "0"], ">= 1"),
     (["--api-key", " "], "empty key"),
@@ -335,7 +333,7 @@ def test_a_short_request_is_not_held_up_by_a_long_one(scripted) -> None:
         finished: list[str] = []
 
         async def wait(job, name: str) -> None:
-            while (event := await job.events.get()).kind != "done":
+            while (await job.events.get()).kind != "done":
                 pass
             finished.append(f"{name} after {scheduler.batches} batches")
 

@@ -44,7 +44,7 @@ def serve_command(host, port, model, assistant, api_key, max_upload, max_batch, 
     from asr.assist.choose import load_pair
     from asr.cli.options import describe_assistant
     from asr.serve import ServerSettings, create_app
-    from asr.serve.errors import parse_size
+    from asr.models.offload import parse_size
 
     if not 0 <= port <= 65535:
         raise click.BadParameter(f"must be from 0 to 65535, got {port}", param_hint="--port")
@@ -53,9 +53,9 @@ def serve_command(host, port, model, assistant, api_key, max_upload, max_batch, 
     if max_queue < 0:
         raise click.BadParameter(f"must be >= 0, got {max_queue}", param_hint="--max-queue")
     try:
-        limit = parse_size(max_upload)
+        limit = parse_size(max_upload, "--max-upload")
     except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--max-upload") from None
+        raise click.BadParameter(str(error).removeprefix("--max-upload: "), param_hint="--max-upload") from None
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("an empty key would let anyone in; omit --api-key for no key", param_hint="--api-key")
     device, precision = setup_runtime(device, dtype, threads)

@@ -35,24 +35,35 @@ def file_chunks(samples: np.ndarray, step: float, realtime: bool,
         sent = arrived
 
 
+class PcmDecoder:
+    """Raw signed 16-bit little-endian mono PCM at `rate`, as it arrives in pieces of any size, to 16 kHz float32
+    samples. An odd byte waits for its pair; one left at the end is dropped."""
+
+    def __init__(self, rate: int = SAMPLE_RATE) -> None:
+        self.rate, self.carry, self.resampler = rate, b"", None
+        if rate != SAMPLE_RATE:
+            import soxr
+
+            self.resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+
+    def samples(self, data: bytes, last: bool = False) -> np.ndarray:
+        """The samples of `data` after what came before; `last`: the stream ends here (the resampler's tail)."""
+        data = self.carry + data
+        usable = len(data) - len(data) % 2
+        self.carry = data[usable:]
+        samples = np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+        return self.resampler.resample_chunk(samples, last=last) if self.resampler is not None else samples
+
+
 def pcm_chunks(stream: BinaryIO, step: float, rate: int = SAMPLE_RATE) -> Iterator[np.ndarray]:
     """Raw signed 16-bit little-endian mono PCM at `rate` (what `arecord -f S16_LE -c 1 -t raw` writes), in
-    chunks of `step` seconds at 16 kHz. An odd byte waits for its pair; one left at the end is dropped."""
-    resampler = None
-    if rate != SAMPLE_RATE:
-        import soxr
-
-        resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+    chunks of `step` seconds at 16 kHz (`PcmDecoder`)."""
+    decoder = PcmDecoder(rate)
     wanted = max(2, int(round(step * rate)) * 2)
-    carry = b""
     while True:
-        data = _read_up_to(stream, wanted - len(carry))
-        data, ended = carry + data, len(data) == 0
-        usable = len(data) - len(data) % 2
-        carry = data[usable:]
-        samples = np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
-        if resampler is not None:
-            samples = resampler.resample_chunk(samples, last=ended)
+        data = _read_up_to(stream, wanted - len(decoder.carry))
+        ended = len(data) == 0
+        samples = decoder.samples(data, last=ended)
         if len(samples):
             yield samples
         if ended:

@@ -65,8 +65,9 @@ class OffloadOptions:
         return self.device is not None or self.max_memory is not None
 
 
-def parse_size(text: str) -> int:
-    """`300MB`, `1.5GiB`, `2GB` or a plain number of bytes -> bytes (accelerate's units: GB = 10^9, GiB = 2^30).
+def parse_size(text: str, option: str = "--max-memory") -> int:
+    """`300MB`, `1.5GiB`, `2GB` or a plain number of bytes -> bytes (accelerate's units: GB = 10^9, GiB = 2^30);
+    `option` names the flag in the error.
 
     Raises:
         ValueError: not a size.
@@ -79,7 +80,7 @@ def parse_size(text: str) -> int:
     except (ValueError, OverflowError):  # not a number; or infinite ("infGB", "1e400GB")
         size = -1
     if size <= 0:
-        raise ValueError(f"--max-memory: expected a size such as 300MB or 2GiB, got {text!r}")
+        raise ValueError(f"{option}: expected a size such as 300MB or 2GiB, got {text!r}")
     return size
 
 

@@ -57,25 +57,6 @@ def describe_size(size: int) -> str:
     return f"{size / 1e6:g} MB" if size >= 1_000_000 else f"{size} bytes"
 
 
-def parse_size(text: str) -> int:
-    """`25MB`, `500k`, `1GiB` or a number of bytes.
-
-    Raises:
-        ValueError: not a size.
-    """
-    units = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-             "kib": 2**10, "mib": 2**20, "gib": 2**30}
-    cleaned = text.strip().lower().replace(" ", "")
-    number = cleaned.rstrip("kmgib")
-    try:
-        size = float(number) * units[cleaned[len(number):]]
-    except (KeyError, ValueError):
-        raise ValueError(f"not a size: {text!r} (try 25MB, 500k or a number of bytes)") from None
-    if size < 1:
-        raise ValueError(f"a size must be at least 1 byte, got {text!r}")
-    return int(size)
-
-
 class BodyGuard:
     """ASGI middleware: a body over `limit` bytes is refused (413, by its Content-Length before it is read, else
     as soon as the bytes read pass the limit), and a client that pauses longer than `timeout` seconds while

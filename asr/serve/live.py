@@ -21,6 +21,7 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from asr.errors import first_line
+from asr.live.sources import PcmDecoder
 from asr.serve.errors import APIError, bad_request, check_key
 from audio.constants import SAMPLE_RATE
 
@@ -45,24 +46,6 @@ def add_live_route(app: FastAPI, scheduler: Any, settings: Any) -> None:
             logger.info("live client went away after %.1f s of audio", session.live.stats.audio_seconds)
 
 
-class _Pcm:
-    """Raw s16le mono PCM at `rate` to 16 kHz float32; an odd byte waits for its pair."""
-
-    def __init__(self, rate: int) -> None:
-        self.rate, self.carry, self.resampler = rate, b"", None
-        if rate != SAMPLE_RATE:
-            import soxr
-
-            self.resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-
-    def samples(self, data: bytes, last: bool = False) -> np.ndarray:
-        data = self.carry + data
-        usable = len(data) - len(data) % 2
-        self.carry = data[usable:]
-        samples = np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
-        return self.resampler.resample_chunk(samples, last=last) if self.resampler is not None else samples
-
-
 class _Session:
     """One live stream's transcriber, built from the WebSocket's query."""
 
@@ -78,7 +61,7 @@ class _Session:
         if not 0.1 <= self.step <= 10 or not 1000 <= rate <= 768000:
             raise bad_request(f"step must be from 0.1 to 10 s and sample_rate from 1000 to 768000 Hz, got "
                               f"{self.step:g} and {rate}")
-        self.pcm = _Pcm(rate)
+        self.pcm = PcmDecoder(rate)
         voice = None
         if query.get("vad", "false").lower() in ("1", "true"):
             from asr.live.voice import VoiceActivity
