@@ -435,7 +435,7 @@ class WindowDecoder:
             if self.observer is not None:
                 self.observer(DecodedWindow(audio.index, encoder_output[i], window.tokens, result.tokens,
                                             result.temperature))
-            self._segments(audio, window, result, encoder_output[i:i + 1])
+            self._segments(audio, window, result, model_decoder, i)
 
     def _detect_languages(self, batch: list[AudioProgress], model_decoder: WhisperDecoderAdapter) -> None:
         """Sets the language of audios that have none (and, multilingual, of every audio's current window).
@@ -479,8 +479,9 @@ class WindowDecoder:
                              whisper_filters(special, start, timestamps, suppress_tokens=self.suppress), language)
 
     def _segments(self, audio: AudioProgress, window: _WindowPrompt, result: WindowResult,
-                  encoder_output: torch.Tensor) -> None:
-        """Adds the window's segments (and words) to `audio` and moves it past them."""
+                  decoder: WhisperDecoderAdapter, row: int) -> None:
+        """Adds the window's segments (and words: `decoder`'s window `row` aligns them) to `audio` and moves it
+        past them."""
         options, special = self.options, self.bundle.special
         audio.prefix_pending = False
         if self.rules.needs_fallback(result):
@@ -504,7 +505,7 @@ class WindowDecoder:
             start_sequence = [t for t in window.tokens[sot_index:len(window.tokens) - len(window.forced)]
                               if t != special.no_timestamps]
             start_sequence.append(special.no_timestamps)
-            add_word_timestamps(segments, self.bundle, encoder_output, start_sequence, audio.segment_size,
+            add_word_timestamps(segments, self.bundle, decoder.rows([row]), start_sequence, audio.segment_size,
                                 time_offset, audio.window_language or audio.language, audio.last_speech_timestamp)
             audio.stats.decode_seconds += time.perf_counter() - t
             segments, advance = after_words(audio, result, segments, advance, special.timestamp_begin)

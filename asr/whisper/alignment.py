@@ -1,14 +1,15 @@
 """Word-level timestamps: cross-attention of the alignment heads, aligned with dynamic time warping.
 
-After openai-whisper's `timing.py`: one forward pass of the model over a window's final text tokens, so the
-word times depend only on the model's output, never on how it was decoded (with or without an assistant).
+After openai-whisper's `timing.py`: one forward pass of the model's decoder over a window's final text tokens,
+over the cross-attention keys and values that decoding projected (projecting the encoder output again cost more
+than the pass), so the word times depend only on the model's output, never on how it was decoded (with or without
+an assistant).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from asr.results import Segment, Word
 
 if TYPE_CHECKING:
     from asr.models.registry import WhisperBundle
+    from asr.whisper.decoder import WhisperDecoderAdapter
 
 # Encoder positions per second (each covers two 10 ms mel frames).
 TOKENS_PER_SECOND = 50
@@ -35,23 +37,9 @@ class _Timing:
     probability: float
 
 
-@contextmanager
-def _eager_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Attention weights are only returned by the eager implementation; restore the fast one afterwards."""
-    previous = model.config._attn_implementation
-    if previous != "eager":
-        model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        if previous != "eager":
-            model.set_attn_implementation(previous)
-
-
 @torch.inference_mode()
-def _align(model: torch.nn.Module, tokenizer, encoder_output: torch.Tensor, start_sequence: list[int],
-           text_tokens: list[int], eot: int, num_frames: int, alignment_heads: Sequence[tuple[int, int]],
-           language: str) -> list[_Timing]:
+def _align(decoder: WhisperDecoderAdapter, tokenizer, start_sequence: list[int], text_tokens: list[int], eot: int,
+           num_frames: int, alignment_heads: Sequence[tuple[int, int]], language: str) -> list[_Timing]:
     from transformers.models.whisper.generation_whisper import (
         _dynamic_time_warping,
         _median_filter,
@@ -62,17 +50,12 @@ def _align(model: torch.nn.Module, tokenizer, encoder_output: torch.Tensor, star
     )
 
     tokens = start_sequence + text_tokens + [eot]
-    ids = torch.tensor([tokens], device=encoder_output.device)
-    with _eager_attention(model):
-        out = model.get_decoder()(input_ids=ids, encoder_hidden_states=encoder_output, output_attentions=True,
-                                  use_cache=False)
-    logits = model.get_output_embeddings()(out.last_hidden_state)[0].float()
+    logits, weights = decoder.alignment_pass(torch.tensor([tokens], device=decoder.device), alignment_heads)
     text_probs = logits[len(start_sequence) - 1: -2, :eot].softmax(-1)
     token_probs = text_probs[torch.arange(len(text_tokens)), torch.tensor(text_tokens)].tolist()
 
     # Cross-attention of the alignment heads over the frames that hold audio, renormalised there (the same as
     # openai-whisper's softmax over those frames), standardised per head, median-filtered, averaged.
-    weights = torch.stack([out.cross_attentions[layer][0, head] for layer, head in alignment_heads]).float()
     weights = weights[:, :, : max(num_frames // 2, 1)]
     weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-12)
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
@@ -116,7 +99,7 @@ def _merge_punctuations(timings: list[_Timing]) -> list[_Timing]:
     return timings
 
 
-def add_word_timestamps(segments: list[Segment], bundle: WhisperBundle, encoder_output: torch.Tensor,
+def add_word_timestamps(segments: list[Segment], bundle: WhisperBundle, decoder: WhisperDecoderAdapter,
                         start_sequence: list[int], num_frames: int, time_offset: float, language: str,
                         last_speech_timestamp: float = 0.0) -> None:
     """Fills `segment.words` for one window's segments and fits each segment's times to its words, by
@@ -126,9 +109,9 @@ def add_word_timestamps(segments: list[Segment], bundle: WhisperBundle, encoder_
 
     Args:
         segments: the window's segments (their tokens include timestamps; only text tokens are aligned).
-        bundle: the loaded model (its decoder and cross-attention run once more with eager attention; its
-            tokenizer, end-of-text id and alignment heads: the (layer, head) pairs that follow the audio).
-        encoder_output: `[1, 1500, d]` the window's encoder output.
+        bundle: the loaded model (its tokenizer, end-of-text id and alignment heads: the (layer, head) pairs that
+            follow the audio).
+        decoder: the model's decoder over the window (its cross-attention keys and values, as decoding used them).
         start_sequence: the start-of-transcript sequence followed by <|notimestamps|>.
         num_frames: mel frames of real audio in the window.
         time_offset: start of the window in seconds.
@@ -143,8 +126,8 @@ def add_word_timestamps(segments: list[Segment], bundle: WhisperBundle, encoder_
         for segment in segments:
             segment.words = []
         return
-    timings = _align(bundle.model, bundle.tokenizer, encoder_output, start_sequence, text_tokens, eot, num_frames,
-                     bundle.alignment_heads, language)
+    timings = _align(decoder, bundle.tokenizer, start_sequence, text_tokens, eot, num_frames, bundle.alignment_heads,
+                     language)
     durations = np.array([t.end - t.start for t in timings])
     durations = durations[durations.nonzero()]
     median = min(0.7, float(np.median(durations))) if len(durations) else 0.0

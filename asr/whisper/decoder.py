@@ -150,11 +150,30 @@ class WhisperDecoderAdapter:
             self._native_step = NativeStep.for_adapter(self, self.model, self.drafting) or False
         return self._native_step or None
 
+    @torch.inference_mode()
+    def alignment_pass(self, input_ids: torch.Tensor, heads: Sequence[tuple[int, int]]) -> tuple[torch.Tensor,
+                                                                                                 torch.Tensor]:
+        """One pass over `[1, T]` tokens from an empty cache, over the cross-attention keys and values already
+        projected for decoding (word timestamps need no second projection of the encoder output): the float32
+        logits at every position `[T, vocab]` and the cross-attention weights of the `(layer, head)` pairs
+        `[len(heads), T, frames]`."""
+        width = input_ids.shape[1]
+        cache = StaticKVCache.empty(len(self.layers), 1, self.heads, self.head_dim, width, self.kv_dtype, self.device)
+        chosen = {layer: [h for l, h in heads if l == layer] for layer, _ in heads}
+        wanted: dict[int, Any] = {layer: list(h) for layer, h in chosen.items()}
+        x = self.embed(input_ids, torch.arange(width, device=self.device)[None])
+        with prompt_pass():
+            x = self.layers_over(x, cache, 0, causal_mask(0, width, self.device), wanted)
+        logits = linear_fn(self.head)(self.layer_norm(x))[0].float()
+        return logits, torch.stack([wanted[layer][0, chosen[layer].index(head)] for layer, head in heads])
+
     def layers_over(self, x: torch.Tensor, cache: StaticKVCache, start: int | torch.Tensor,
-                    attention_mask: torch.Tensor | None) -> torch.Tensor:
+                    attention_mask: torch.Tensor | None, cross_weights: dict[int, Any] | None = None) -> torch.Tensor:
         """The decoder layers over `[batch, width, d]` hidden states, their keys and values written at cache slots
         from `start` on; or at the `[width]` slots `start` holds, self-attention then reading every slot the cache
-        has, as `attention_mask` (`[B or 1, 1, width, capacity]`) allows (a graph's fixed shapes)."""
+        has, as `attention_mask` (`[B or 1, 1, width, capacity]`) allows (a graph's fixed shapes). `cross_weights`
+        maps layers to lists of heads, each list replaced by those heads' cross-attention weights (float32
+        `[batch, len(list), width, frames]`)."""
         batch, width = x.shape[:2]
         split = self._split
         for index, layer in enumerate(self._plans()):
@@ -168,7 +187,11 @@ class WhisperDecoderAdapter:
             a = self.attention(split(q), k, v, attention_mask)
             x = x + layer.out(a.transpose(1, 2).reshape(batch, width, -1))
             keys, values = self.cross[index]
-            a = self.attention(split(layer.cross_q(layer.norm_cross(x))), keys, values, ready=True)
+            q = split(layer.cross_q(layer.norm_cross(x)))
+            if cross_weights is not None and index in cross_weights:
+                chosen = cross_weights[index]
+                cross_weights[index] = self.attention.weights(q[:, chosen], keys[:, chosen])
+            a = self.attention(q, keys, values, ready=True)
             x = x + layer.cross_out(a.transpose(1, 2).reshape(batch, width, -1))
             x = x + layer.fc2(layer.activation(layer.fc1(layer.norm_ffn(x))))
         return x

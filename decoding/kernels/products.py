@@ -276,6 +276,11 @@ class Attention:
             return x.to(torch.float32).contiguous()
         return (x.transpose(-1, -2) if keys or self.exact_rows else x).to(self.dtype(x.dtype)).contiguous()
 
+    def weights(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The attention weights `[batch, heads, rows, keys]` (float32) of `q` over keys laid out by `prepare`."""
+        keys = k.float() if self.plain and not self.native else k.float().transpose(-1, -2)
+        return ((q.float() * q.shape[-1] ** -0.5) @ keys).softmax(-1)
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
                  ready: bool = False) -> torch.Tensor:
         """Within `prompt_pass()` (the pass that fills an empty cache, the same in plain and assisted decoding)
