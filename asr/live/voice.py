@@ -54,9 +54,9 @@ class VoiceActivity:
         self._pending = data[whole:]
         if whole == 0:
             return
-        fresh = data[:whole]
-        probabilities = speech_probabilities(np.concatenate([self._context, fresh]))
-        self._context = np.concatenate([self._context, fresh])[-CONTEXT_FRAMES * FRAME_SAMPLES:]
+        scored = np.concatenate([self._context, data[:whole]])
+        probabilities = speech_probabilities(scored)
+        self._context = scored[-CONTEXT_FRAMES * FRAME_SAMPLES:]
         first = self.scored // FRAME_SAMPLES
         for i, probability in enumerate(probabilities[-(whole // FRAME_SAMPLES):]):
             self._frame(first + i, float(probability))
