@@ -21,22 +21,10 @@ from benchlib import command_line, figure_path, sonnets, use_threads, write_figu
 from asr.models.registry import load_model
 from asr.options import TranscribeOptions
 from asr.transcription import Transcriber
+from asr.whisper.alignment import transformers_alignment_pass
 from asr.whisper.decoder import WhisperDecoderAdapter
 from asr.whisper.window import encode
 from audio.features import log_mel
-
-
-def _eager(model, ids: torch.Tensor, encoder_output: torch.Tensor, heads) -> tuple[torch.Tensor, torch.Tensor]:
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        with torch.inference_mode():
-            out = model.get_decoder()(input_ids=ids, encoder_hidden_states=encoder_output, output_attentions=True,
-                                      use_cache=False)
-            logits = model.get_output_embeddings()(out.last_hidden_state)[0].float()
-    finally:
-        model.set_attn_implementation(previous)
-    return logits, torch.stack([out.cross_attentions[layer][0, head] for layer, head in heads]).float()
 
 
 def measure(dtype: str, repeats: int) -> dict:
@@ -50,7 +38,7 @@ def measure(dtype: str, repeats: int) -> dict:
     heads = bundle.alignment_heads
     adapter = WhisperDecoderAdapter(bundle.model, encoder_output)
     passes = {
-        "eager decoder": lambda: _eager(bundle.model, ids, encoder_output, heads),
+        "eager decoder": lambda: transformers_alignment_pass(bundle.model, ids, encoder_output, heads),
         "adapter, keys and values reused": lambda: adapter.alignment_pass(ids, heads),
         "adapter, keys and values projected": lambda: WhisperDecoderAdapter(bundle.model, encoder_output)
         .alignment_pass(ids, heads),

@@ -37,6 +37,22 @@ class _Timing:
     probability: float
 
 
+def transformers_alignment_pass(model: torch.nn.Module, input_ids: torch.Tensor, encoder_output: torch.Tensor,
+                                heads: Sequence[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `WhisperDecoderAdapter.alignment_pass` gives, from transformers' eager decoder over the encoder output
+    (the pass word timestamps took before it; tests and scripts/bench_alignment.py compare the two)."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            out = model.get_decoder()(input_ids=input_ids, encoder_hidden_states=encoder_output,
+                                      output_attentions=True, use_cache=False)
+            logits = model.get_output_embeddings()(out.last_hidden_state)[0].float()
+    finally:
+        model.set_attn_implementation(previous)
+    return logits, torch.stack([out.cross_attentions[layer][0, head] for layer, head in heads]).float()
+
+
 @torch.inference_mode()
 def _align(decoder: WhisperDecoderAdapter, tokenizer, start_sequence: list[int], text_tokens: list[int], eot: int,
            num_frames: int, alignment_heads: Sequence[tuple[int, int]], language: str) -> list[_Timing]:
