@@ -159,7 +159,7 @@ class WhisperDecoderAdapter:
         `[len(heads), T, frames]`."""
         width = input_ids.shape[1]
         cache = StaticKVCache.empty(len(self.layers), 1, self.heads, self.head_dim, width, self.kv_dtype, self.device)
-        chosen = {layer: [h for l, h in heads if l == layer] for layer, _ in heads}
+        chosen = {layer: [h for at, h in heads if at == layer] for layer, _ in heads}
         wanted: dict[int, Any] = {layer: list(h) for layer, h in chosen.items()}
         x = self.embed(input_ids, torch.arange(width, device=self.device)[None])
         with prompt_pass():
