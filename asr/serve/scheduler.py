@@ -5,8 +5,9 @@ the kind of decoding (task, temperatures, word times: one `WindowDecoder` each) 
 turn and decodes the current window of up to `max_batch` jobs of that kind as one batch, those longest without
 a turn first, then moves each job on and hands its new segments to the request. A job that finishes leaves the
 batch and a waiting one takes its place before the next decode (`asr.transcription` does the same for the files
-of one run). Jobs of one kind share a batch whatever their language or prompt: both are per audio. A request alone in the batch is drafted by the
-assistant `--assistant auto` picks; several are decoded as one ragged batch without it (docs/drafts.md).
+of one run). Jobs of one kind share a batch whatever their language or prompt: both are per audio. A request
+alone in the batch is drafted by the assistant `--assistant auto` picks; several are decoded as one ragged batch
+without it (docs/drafts.md).
 """
 
 from __future__ import annotations
