@@ -1,6 +1,7 @@
 """What decoding.kernels.native's row-by-row products save against oneDNN's, per product and per decoder step of `base`.
 
     python scripts/bench_native.py [--threads 2] [--repeats 30] [--out docs/figures/native]
+    python scripts/bench_native.py --parts steps --widths 1,4,8,17,24,32 --out docs/figures/native-widths
 
 1. Each of base's decoder product shapes (and its head in float32 and bfloat16) for 1 and 4 rows, over as many
    distinct weights as fill ~100 MB, so that every call reads its weight from memory as in a step: oneDNN over
@@ -8,10 +9,12 @@
 2. Int8 weights (one scale per row) for 1 and 4 rows: PyTorch's `_weight_int8pack_mm` (bfloat16 rows, the
    `--dtype int8` model's kernel without decoding.kernels.native) against decoding.kernels.native's (float32 rows).
 3. A decoder step on the first 30 s of the second sonnet at position ~45, one token and a check of 3 drafts
-   (4 rows), the head screened and in full, with decoding.kernels.native against `onednn_only()`, in turn, as medians;
+   (4 rows; `--widths` for others), the head screened and in full, with decoding.kernels.native (the step up to
+   `native_step.STEP_ROWS` tokens) against `onednn_only()`, in turn, as medians;
    and one-token steps of the int8 model and of `base-draft:int8` (each built under either kernel choice).
 
-Writes docs/figures/native.json and .md (`--out` to change).
+Writes docs/figures/native.json and .md (`--out` to change); `--parts` runs some of the four (products,
+int8_products, steps, one_token_steps).
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ def one_token_steps(repeats: int) -> list[dict]:
     return found
 
 
-def steps(repeats: int) -> list[dict]:
+def steps(repeats: int, widths: list[int]) -> list[dict]:
     bundle = load_model("base")
     model = bundle.model
     samples = load_audio(str(EVALDATA / "longform" / "p002.mp3"))[:30 * 16000]
@@ -160,7 +163,7 @@ def steps(repeats: int) -> list[dict]:
             return (time.perf_counter() - start) / tokens * 1e3
 
     found = []
-    for rows in (1, 4):
+    for rows in widths:
         times: dict[tuple[str, str], list[float]] = {key: [] for key in configurations}
         for _ in range(repeats):
             for key in configurations:
@@ -174,16 +177,19 @@ def steps(repeats: int) -> list[dict]:
     return found
 
 
+PARTS = ("products", "int8_products", "steps", "one_token_steps")
+
+
 def table(data: dict) -> str:
     lines = ["| product | weight | rows | oneDNN dense | oneDNN packed | native | native GB/s |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for row in data["products"]:
+    for row in data.get("products", []):
         us = row["us"]
         lines.append(f"| {row['product']} | {row['dtype']}, {row['weight_mb']} MB | {row['rows']} | "
                      f"{us['oneDNN dense']:.0f} us | {us['oneDNN packed']:.0f} us | {us['native']:.0f} us | "
                      f"{row['gb_per_s']['native']} |")
     lines += ["", "| decoder step of base | head | oneDNN ms | native ms | speed-up |", "| --- | --- | ---: | ---: | ---: |"]
-    for row in data["steps"]:
+    for row in data.get("steps", []):
         what = "one token" if row["rows"] == 1 else f"check of {row['rows'] - 1} drafts"
         lines.append(f"| {what} | {row['head']} | {row['onednn_ms']:.2f} | {row['native_ms']:.2f} | "
                      f"{row['speedup']:.2f}x |")
@@ -205,12 +211,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", default=str(figure_path("native")), help="writes OUT.json and OUT.md")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"which of {', '.join(PARTS)} (comma-separated)")
+    parser.add_argument("--widths", default="1,4", help="tokens a step of part 3 feeds (comma-separated)")
     args = parser.parse_args()
     use_threads(args.threads)
     if native.library() is None:
         raise SystemExit("decoding.kernels.native could not be built here (no C compiler?)")
-    data = {"products": products(args.repeats), "int8_products": int8_products(args.repeats),
-            "steps": steps(max(3, args.repeats // 4)), "one_token_steps": one_token_steps(max(3, args.repeats // 4))}
+    parts = args.parts.split(",")
+    if set(parts) - set(PARTS):
+        parser.error(f"--parts: unknown {sorted(set(parts) - set(PARTS))}")
+    fewer = max(3, args.repeats // 4)
+    run = {"products": lambda: products(args.repeats), "int8_products": lambda: int8_products(args.repeats),
+           "steps": lambda: steps(fewer, [int(w) for w in args.widths.split(",")]),
+           "one_token_steps": lambda: one_token_steps(fewer)}
+    data = {part: run[part]() for part in PARTS if part in parts}
     write_figures(args.out, data, table(data), command_line("bench_native.py"), machine())
 
 

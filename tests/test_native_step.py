@@ -10,7 +10,7 @@ from asr.assist.assistants import low_precision_decoder
 from asr.whisper.decoder import WhisperDecoderAdapter
 from decoding.kernels import native, products
 from decoding.kernels.int8 import Int8Linear
-from decoding.kernels.native_step import NativeStep
+from decoding.kernels.native_step import STEP_ROWS, NativeStep
 from tests.conftest import SAMPLES
 from tests.test_ct2 import tiny_whisper
 
@@ -55,7 +55,7 @@ def test_the_native_step_gives_the_layers_logits_and_cache(precision: str, seed:
     # A draft differs by the rounding of its cross-attention keys and values to bfloat16 and the sums' order, the
     # model by the order alone.
     tolerance = 1e-4 if precision in ("model", "int8 model") else 2e-2
-    for width in (1, 2, 3, 4, 1, 2):
+    for width in (1, 2, 3, 4, 1, 6, 17, 24, 2):  # the step's row blocks, whole and with a rest
         ids = torch.randint(0, 50257, (1, width), generator=generator)
         expected = plain.forward(ids, plain_cache, width)
         got = fused.forward(ids, fused_cache, width)
@@ -72,17 +72,19 @@ def test_the_native_step_gives_the_layers_logits_and_cache(precision: str, seed:
         assert (a - b).abs().max() < tolerance * a.abs().max()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_a_check_of_drafts_gives_each_row_a_one_token_steps_bits(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "width"), [(0, 4), (1, 2), (2, 7), (3, 17), (4, STEP_ROWS)])
+def test_a_check_of_drafts_gives_each_row_a_one_token_steps_bits(seed: int, width: int) -> None:
     model = tiny_whisper(seed=seed)
     decoder = WhisperDecoderAdapter(model, _encoder_output(model, seed))
+    if width > native.MAX_ROWS:  # the rows the head reads; a float32 head of more rows is oneDNN's (screened_head)
+        decoder.proj_out = lambda hidden: hidden
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 50257, (1, 4), generator=generator)
+    ids = torch.randint(0, 50257, (1, width), generator=generator)
     one, check = decoder.new_cache(1), decoder.new_cache(1)
     decoder.forward(PROMPT, one, 1)
     decoder.forward(PROMPT, check, 1)
-    steps = torch.cat([decoder.forward(ids[:, i:i + 1], one, 1) for i in range(4)], dim=1)
-    checked = decoder.forward(ids, check, 4)
+    steps = torch.cat([decoder.forward(ids[:, i:i + 1], one, 1) for i in range(width)], dim=1)
+    checked = decoder.forward(ids, check, width)
     assert isinstance(decoder._native_step, NativeStep)
     assert torch.equal(checked, steps)
     assert torch.equal(check.keys[..., :one.length, :], one.keys[..., :one.length, :])

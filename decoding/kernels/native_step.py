@@ -25,6 +25,12 @@ from decoding.kernels.int8 import Int8Linear
 from decoding.kernels.products import MANY_ROWS, native_rows_allowed
 from decoding.kv_cache import StaticKVCache
 
+# Up to this many new tokens a float32 decoder's pass after its prompt is one native call: a step, and a check of up
+# to 23 drafts (a live update's 16 reference tokens among them), each row with a one-token step's bits. `base` on
+# the AMD EPYC, 2 threads, ms a pass against the layers over oneDNN: 8 tokens 17.7 / 27.6, 17 tokens 28.0 / 37.7,
+# 24 tokens 35.6 / 40.8, 32 tokens 43.6 / 43.3 (`scripts/bench_native.py --parts steps`).
+STEP_ROWS = 24
+
 
 def _tensor(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
     if t is None:
@@ -66,6 +72,14 @@ def _projections(attention: Any, keep: list[torch.Tensor]) -> list[native.StepLi
     scale = fused.scale if isinstance(fused, Int8Linear) else None
     return [_product(fused.weight[i * d:(i + 1) * d], scale[i * d:(i + 1) * d] if scale is not None else None,
                      fused.bias[i * d:(i + 1) * d] if fused.bias is not None else None, keep) for i in range(3)]
+
+
+def _tiles(keys: torch.Tensor) -> torch.Tensor:
+    """`[heads, frames, head_dim]` cross-attention keys in `decoder_step`'s layout: tiles of 16 frames, each
+    `head_dim` rows of 16 (`[heads, tiles, head_dim, 16]`), zero past the last frame."""
+    heads, frames, head_dim = keys.shape
+    padded = torch.nn.functional.pad(keys, (0, 0, 0, -frames % 16))
+    return padded.view(heads, -1, 16, head_dim).transpose(2, 3).contiguous()
 
 
 def _norm(norm: Any, keep: list[torch.Tensor]) -> tuple[int, int] | None:
@@ -129,7 +143,7 @@ class NativeStep:
             for name in ("q", "k", "v", "out", "cross_q", "cross_out", "fc1", "fc2"):
                 setattr(entry, name, parts[name])
             # A draft's in bfloat16: half the bytes its step reads, and it does not miss the rounding.
-            entry.cross_k = _tensor(keys[0].to(cross_dtype).contiguous(), keep)
+            entry.cross_k = _tensor(_tiles(keys[0].to(cross_dtype)), keep)
             entry.cross_v = _tensor(values[0].to(cross_dtype).contiguous(), keep)
         final = _norm(decoder.layer_norm, keep)
         if final is None:
@@ -144,8 +158,8 @@ class NativeStep:
             embed_positions=_tensor(adapter.embed_positions.detach().contiguous(), keep),
             norm_w=final[0], norm_b=final[1])
         # A decoder whose rows must not depend on the pass's width (the int8 model: `adapter.span`) steps through
-        # here for every width decoding meets; the others for the few rows where one call beats the layers'.
-        rows = MANY_ROWS - 1 if adapter.span is not None else native.MAX_ROWS
+        # here for every width decoding meets; the others for the widths where one call beats the layers'.
+        rows = MANY_ROWS - 1 if adapter.span is not None else STEP_ROWS
         return NativeStep(step, layers, keep, frames, rows)
 
     def applies(self, cache: StaticKVCache, width: int) -> bool:
@@ -160,7 +174,7 @@ class NativeStep:
         threads = torch.get_num_threads()
         model = self.model
         d = model.d
-        needed = width * (6 * d + model.ffn + threads * max(self.frames, capacity))
+        needed = width * (6 * d + model.ffn + threads * max(-(-self.frames // 16) * 16, capacity))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
         model.capacity = capacity

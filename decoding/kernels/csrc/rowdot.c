@@ -218,7 +218,10 @@ typedef struct {
   step_linear q, k, v, out;
   const float *norm_cross_w, *norm_cross_b;
   step_linear cross_q, cross_out;
-  const void *cross_k, *cross_v;  /* [heads, frames, head_dim], float32 or bfloat16 (the model's cross_kind) */
+  /* float32 or bfloat16 (the model's cross_kind). Keys in tiles of 16 frames, each tile head_dim rows of 16
+   * (frame-minor: [heads, tiles, head_dim, 16], zero past the last frame), so one query's scores for 16 frames
+   * are head_dim vector products with no horizontal sum; values [heads, frames, head_dim]. */
+  const void *cross_k, *cross_v;
   const float *norm_ffn_w, *norm_ffn_b;
   step_linear fc1, fc2;
 } step_layer;
@@ -268,6 +271,50 @@ static void layer_norm_rows(const float* x, const float* g, const float* b, floa
   }
 }
 
+#if defined(__AVX512F__)
+/* e^x for x <= 0 (a softmax's shifted scores), 16 at a time: x = n ln 2 + r, |r| <= ln 2 / 2, e^r by Cephes'
+ * expf polynomial (relative error ~1e-7), times 2^n; below -87.3 the result is e^-87.3 (~1e-38), not 0. */
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+/* s = softmax(s) over n scores, 16 lanes at a time (the same order for every row). */
+static void softmax_row(float* s, int64_t n) {
+  int64_t body = n - n % 16;
+  __m512 top16 = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < body; i += 16) top16 = _mm512_max_ps(top16, _mm512_loadu_ps(s + i));
+  float top = _mm512_reduce_max_ps(top16);
+  for (int64_t i = body; i < n; ++i) top = s[i] > top ? s[i] : top;
+  __m512 shift = _mm512_set1_ps(top), total16 = _mm512_setzero_ps();
+  for (int64_t i = 0; i < body; i += 16) {
+    __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), shift));
+    _mm512_storeu_ps(s + i, e);
+    total16 = _mm512_add_ps(total16, e);
+  }
+  float total = _mm512_reduce_add_ps(total16);
+  if (body < n) {
+    __mmask16 tail = (__mmask16)((1u << (n - body)) - 1);
+    __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + body), shift));
+    _mm512_mask_storeu_ps(s + body, tail, e);
+    total += _mm512_mask_reduce_add_ps(tail, e);
+  }
+  __m512 inv = _mm512_set1_ps(1.f / total);
+  for (int64_t i = 0; i < body; i += 16) _mm512_storeu_ps(s + i, _mm512_mul_ps(_mm512_loadu_ps(s + i), inv));
+  for (int64_t i = body; i < n; ++i) s[i] *= 1.f / total;
+}
+#else
 static void softmax_row(float* s, int64_t n) {
   float top = -INFINITY;
   for (int64_t i = 0; i < n; ++i) top = s[i] > top ? s[i] : top;
@@ -275,40 +322,94 @@ static void softmax_row(float* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) total += (s[i] = expf(s[i] - top));
   for (int64_t i = 0; i < n; ++i) s[i] /= total;
 }
+#endif
 
-/* out[r] = softmax(q[r] . keys / sqrt(hd)) . values for one head: keys and values [count, hd], float32 or
- * bfloat16 (kind); row r sees the first visible + r keys (causal over the new rows; all of them when causal = 0).
- * The rows share one pass over the keys, and each block of MAX_ROWS rows one over the values; each row's sums run
- * in the same order whatever the row count. `scores` holds rows * stride floats. */
-static inline __attribute__((always_inline)) void attend(const float* q, int64_t q_stride, const void* keys,
-                                                         const void* values, int64_t count, int64_t visible,
-                                                         int causal, int kind, int64_t hd, int64_t rows,
-                                                         float* scores, int64_t stride, float* out,
-                                                         int64_t out_stride) {
-  float scale = 1.f / sqrtf((float)hd);
-  int64_t last = causal ? visible + rows - 1 : count;  /* the keys the last row sees */
-  for (int64_t t = 0; t < last; ++t)
-    for (int64_t r = 0; r < rows; ++r) {
-      if (causal && t >= visible + r) continue;
-      const float* qr = q + r * q_stride;
-      v16 a = {0};
-      for (int64_t k = 0; k < hd; k += 16) a += weights(keys, t * hd + k, kind) * load_f32(qr + k);
-      scores[r * stride + t] = hsum(a) * scale;
-    }
-  for (int64_t r = 0; r < rows; ++r) softmax_row(scores + r * stride, causal ? visible + r : count);
+/* out[r] = sum_t scores[r, t] values[t] for rows r of one head (values [count, hd], float32 or bfloat16), row r
+ * over its first visible + r values (causal) or all count of them. Each block of MAX_ROWS rows reads each value
+ * row once, 64 features at a time; every output element sums over t in order, whatever the row count. */
+static inline __attribute__((always_inline)) void weighted_values(const float* scores, int64_t stride,
+                                                                  const void* values, int64_t count,
+                                                                  int64_t visible, int causal, int kind, int64_t hd,
+                                                                  int64_t rows, float* out, int64_t out_stride) {
   for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
     int64_t block = rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS;
-    int64_t seen = causal ? visible + r0 + block - 1 : count;  /* the keys the block's last row sees */
-    for (int64_t k = 0; k < hd; k += 16) {
-      v16 a[MAX_ROWS] = {{0}};
+    int64_t seen = causal ? visible + r0 + block - 1 : count;  /* the values the block's last row sees */
+    for (int64_t k0 = 0; k0 < hd; k0 += 64) {
+      int64_t chunks = hd - k0 < 64 ? (hd - k0) / 16 : 4;
+      v16 a[MAX_ROWS][4] = {{{0}}};
       for (int64_t t = 0; t < seen; ++t) {
-        v16 w = weights(values, t * hd + k, kind);
-        for (int64_t r = 0; r < block; ++r)
-          if (!causal || t < visible + r0 + r) a[r] += scores[(r0 + r) * stride + t] * w;
+        v16 w[4];
+        for (int64_t c = 0; c < chunks; ++c) w[c] = weights(values, t * hd + k0 + 16 * c, kind);
+        for (int64_t r = 0; r < block; ++r) {
+          if (causal && t >= visible + r0 + r) continue;
+          float p = scores[(r0 + r) * stride + t];
+          for (int64_t c = 0; c < chunks; ++c) a[r][c] += p * w[c];
+        }
       }
-      for (int64_t r = 0; r < block; ++r) memcpy(out + (r0 + r) * out_stride + k, &a[r], sizeof a[r]);
+      for (int64_t r = 0; r < block; ++r)
+        for (int64_t c = 0; c < chunks; ++c) memcpy(out + (r0 + r) * out_stride + k0 + 16 * c, &a[r][c], sizeof(v16));
     }
   }
+}
+
+/* Self-attention of one head: out[r] = softmax(q[r] . keys / sqrt(hd)) . values, keys and values [count, hd]
+ * float32, row r over the first visible + r of them. The rows share one pass over the keys; each row's sums run
+ * in the same order whatever the row count. `scores` holds rows * stride floats. */
+static inline __attribute__((always_inline)) void attend(const float* q, int64_t q_stride, const float* keys,
+                                                         const float* values, int64_t visible, int64_t hd,
+                                                         int64_t rows, float* scores, int64_t stride, float* out,
+                                                         int64_t out_stride) {
+  float scale = 1.f / sqrtf((float)hd);
+  for (int64_t t = 0; t < visible + rows - 1; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t >= visible + r) continue;
+      const float* qr = q + r * q_stride;
+      v16 a = {0};
+      for (int64_t k = 0; k < hd; k += 16) a += load_f32(keys + t * hd + k) * load_f32(qr + k);
+      scores[r * stride + t] = hsum(a) * scale;
+    }
+  for (int64_t r = 0; r < rows; ++r) softmax_row(scores + r * stride, visible + r);
+  weighted_values(scores, stride, values, visible + rows - 1, visible, 1, F32, hd, rows, out, out_stride);
+}
+
+/* Scores of `block` (1..MAX_ROWS, a constant where inlined) query rows over keys in tiles of 16 frames
+ * (step_layer's cross_k layout): each score sums q[k] key[k] over k in order, in its own lane. */
+static inline __attribute__((always_inline)) void tile_scores(const float* q, int64_t q_stride, const void* tiles,
+                                                              int64_t tile_count, int kind, int64_t hd, int block,
+                                                              float scale, float* scores, int64_t stride) {
+  for (int64_t tile = 0; tile < tile_count; ++tile) {
+    v16 a[MAX_ROWS] = {{0}};
+    for (int64_t k = 0; k < hd; ++k) {
+      v16 w = weights(tiles, (tile * hd + k) * 16, kind);
+      for (int r = 0; r < block; ++r) a[r] += q[r * q_stride + k] * w;
+    }
+    for (int r = 0; r < block; ++r) {
+      v16 scaled = a[r] * scale;
+      memcpy(scores + r * stride + tile * 16, &scaled, sizeof scaled);
+    }
+  }
+}
+
+/* Cross-attention of one head over `count` frames: keys in tiles (step_layer's cross_k), values [count, hd];
+ * float32 or bfloat16 (kind). `scores` holds rows * stride floats, stride at least the tiles' frames. */
+static inline __attribute__((always_inline)) void attend_cross(const float* q, int64_t q_stride, const void* tiles,
+                                                               const void* values, int64_t count, int kind,
+                                                               int64_t hd, int64_t rows, float* scores,
+                                                               int64_t stride, float* out, int64_t out_stride) {
+  float scale = 1.f / sqrtf((float)hd);
+  int64_t tile_count = (count + 15) / 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+    const float* qb = q + r0 * q_stride;
+    float* sb = scores + r0 * stride;
+    switch (rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS) {
+      case 1: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 1, scale, sb, stride); break;
+      case 2: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 2, scale, sb, stride); break;
+      case 3: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 3, scale, sb, stride); break;
+      default: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 4, scale, sb, stride); break;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) softmax_row(scores + r * stride, count);
+  weighted_values(scores, stride, values, count, 0, 0, kind, hd, rows, out, out_stride);
 }
 
 static float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
@@ -316,7 +417,7 @@ static float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.707106781186547
 /* One step of a decoder over `rows` new tokens `ids` at positions start.. (its cache filled up to start): writes the
  * new keys and values into `keys`/`values` ([layers, heads, capacity, head_dim] float32) and the final-normed
  * hidden states of the last `outputs` rows into `out` [outputs, d]. `scratch` holds
- * rows * (6 d + ffn + threads * max(frames, capacity)) floats. Head dims multiples of 16. */
+ * rows * (6 d + ffn + threads * max(frames rounded up to 16, capacity)) floats. Head dims multiples of 16. */
 void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t start, float* keys, float* values,
                 float* scratch, float* out, int64_t outputs, int threads) {
   const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, T = m->frames;
@@ -326,7 +427,7 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
   float* a = qkv + rows * 3 * d;      /* [rows, d] attention output */
   float* f = a + rows * d;            /* [rows, ffn] */
   float* score_base = f + rows * m->ffn;
-  int64_t score_len = T > cap ? T : cap;
+  int64_t score_len = (T + 15) / 16 * 16 > cap ? (T + 15) / 16 * 16 : cap;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < d; ++i)
       x[r * d + i] = weight_at(m->embed_tokens, ids[r] * d + i, (int)m->embed_kind)
@@ -355,8 +456,8 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
         }
       #pragma omp for schedule(static)
       for (int64_t g = 0; g < H; ++g)
-        attend(qkv + g * hd, d, lk + g * cap * hd, lv + g * cap * hd, start + rows, start + 1, 1, F32, hd,
-               rows, scores, score_len, a + g * hd, d);
+        attend(qkv + g * hd, d, lk + g * cap * hd, lv + g * cap * hd, start + 1, hd, rows, scores, score_len,
+               a + g * hd, d);
       step_product(&L->out, a, h, rows);
       #pragma omp single
       {
@@ -366,12 +467,13 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
       step_product(&L->cross_q, h, qkv, rows);
       #pragma omp for schedule(static)
       for (int64_t g = 0; g < H; ++g) {
+        int64_t tiled = (T + 15) / 16 * 16 * hd;  /* one head's keys, in tiles */
         if (m->cross_kind == BF16)
-          attend(qkv + g * hd, d, (const uint16_t*)L->cross_k + g * T * hd, (const uint16_t*)L->cross_v + g * T * hd,
-                 T, 0, 0, BF16, hd, rows, scores, score_len, a + g * hd, d);
+          attend_cross(qkv + g * hd, d, (const uint16_t*)L->cross_k + g * tiled,
+                       (const uint16_t*)L->cross_v + g * T * hd, T, BF16, hd, rows, scores, score_len, a + g * hd, d);
         else
-          attend(qkv + g * hd, d, (const float*)L->cross_k + g * T * hd, (const float*)L->cross_v + g * T * hd, T, 0,
-                 0, F32, hd, rows, scores, score_len, a + g * hd, d);
+          attend_cross(qkv + g * hd, d, (const float*)L->cross_k + g * tiled, (const float*)L->cross_v + g * T * hd,
+                       T, F32, hd, rows, scores, score_len, a + g * hd, d);
       }
       step_product(&L->cross_out, a, h, rows);
       #pragma omp single
@@ -391,4 +493,4 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
 }
 
 /* Build check: the caller compares this with the version it expects. */
-int rowdot_version(void) { return 6; }
+int rowdot_version(void) { return 7; }
