@@ -5,8 +5,9 @@ drafting from the last hypothesis and without, beside the offline transcript's W
     python scripts/bench_live.py --dtype int8 --runs realtime --out docs/figures/live-int8
     python scripts/bench_live.py --files p001.mp3 --out /tmp/live  # one file of longform/ ("sonnets": all three)
 
-For each file: two runs at `--step` without `--realtime` (the same updates at the same audio positions: the
-committed words must be equal, and the decoder's seconds compare), then two with `--realtime` (audio arrives at
+For each file: two streams at `--step` without `--realtime` (the same updates at the same audio positions: the
+committed words must be equal, and the decoder's seconds compare), updated in turn, update by update, so that the
+machine's load falls on both alike; then two with `--realtime` (audio arrives at
 its own pace; latency from a word's end in the audio to its commit, wall clock). 2 threads, `base`. Decoder
 seconds: the passes that make the tokens, drafting included (not the encoder, nor the word-alignment pass).
 "Drafting" is what `asr stream` does by default: the last hypothesis, then the assistant `auto` picks.
@@ -31,26 +32,33 @@ def _audio(name: str) -> tuple[np.ndarray, str]:
     return load(f"longform/{name}"), longform_rows()[name]["text"]
 
 
-def _stream(bundle, samples: np.ndarray, assistant, drafting: bool, step: float, realtime: bool,
-            vad: bool) -> tuple[str, dict]:
+def _streams(bundle, samples: np.ndarray, assistant, drafting: list[bool], step: float, realtime: bool,
+             vad: bool) -> list[tuple[str, dict]]:
+    """One stream per entry of `drafting`, fed the same chunks and updated in turn, update by update (stepped: a
+    burst of load on the machine then slows both alike), or one real-time stream alone."""
     from asr.live import StreamingTranscriber
     from asr.live.sources import file_chunks
     from asr.live.voice import VoiceActivity
     from asr.options import TranscribeOptions
 
+    assert not realtime or len(drafting) == 1, "a real-time stream runs alone"
     began = time.monotonic()
     clock = (lambda: time.monotonic() - began) if realtime else None
-    live = StreamingTranscriber(bundle, TranscribeOptions(language="en"), assistant, drafting=drafting, clock=clock,
-                                voice=VoiceActivity() if vad else None)
+    streams = [StreamingTranscriber(bundle, TranscribeOptions(language="en"), assistant, drafting=on, clock=clock,
+                                    voice=VoiceActivity() if vad else None) for on in drafting]
     for chunk in file_chunks(samples, step, realtime):
-        live.insert_audio(chunk)
-        live.process()
-    live.finish()
-    stats = live.stats.to_dict()
-    updates = max(stats["updates"], 1)
-    stats["decoder_seconds_per_update"] = round(stats["decoder_seconds"] / updates, 4)
-    stats["model_passes_per_update"] = round(stats["model_forward_passes"] / updates, 2)
-    return "".join(c.text for c in live.committed), stats
+        for live in streams:
+            live.insert_audio(chunk)
+            live.process()
+    found = []
+    for live in streams:
+        live.finish()
+        stats = live.stats.to_dict()
+        updates = max(stats["updates"], 1)
+        stats["decoder_seconds_per_update"] = round(stats["decoder_seconds"] / updates, 4)
+        stats["model_passes_per_update"] = round(stats["model_forward_passes"] / updates, 2)
+        found.append(("".join(c.text for c in live.committed), stats))
+    return found
 
 
 def _wer(reference: str, hypothesis: str) -> float:
@@ -92,8 +100,12 @@ def main() -> None:
                  "offline_wer": round(_wer(reference, offline), 2)}
         texts = {}
         for realtime in runs:
-            for label, on in (("none", False), ("drafting", True)):
-                text, stats = _stream(bundle, samples, assistant, on, args.step, realtime, args.vad)
+            labels = (("none", False), ("drafting", True))
+            if realtime:
+                streams = [_streams(bundle, samples, assistant, [on], args.step, True, args.vad)[0] for _, on in labels]
+            else:
+                streams = _streams(bundle, samples, assistant, [on for _, on in labels], args.step, False, args.vad)
+            for (label, _), (text, stats) in zip(labels, streams):
                 key = f"{'realtime' if realtime else 'stepped'}_{label}"
                 texts[key] = text
                 found[key] = {**stats, "wer": round(_wer(reference, text), 2)}
