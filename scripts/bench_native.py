@@ -186,14 +186,14 @@ def table(data: dict) -> str:
     if data.get("products"):
         lines += ["| product | weight | rows | oneDNN dense | oneDNN packed | native | native GB/s |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for row in data.get("products", []):
-        us = row["us"]
-        lines.append(f"| {row['product']} | {row['dtype']}, {row['weight_mb']} MB | {row['rows']} | "
-                     f"{us['oneDNN dense']:.0f} us | {us['oneDNN packed']:.0f} us | {us['native']:.0f} us | "
-                     f"{row['gb_per_s']['native']} |")
-    if data.get("products"):
+        for row in data["products"]:
+            us = row["us"]
+            lines.append(f"| {row['product']} | {row['dtype']}, {row['weight_mb']} MB | {row['rows']} | "
+                         f"{us['oneDNN dense']:.0f} us | {us['oneDNN packed']:.0f} us | {us['native']:.0f} us | "
+                         f"{row['gb_per_s']['native']} |")
         lines.append("")
-    lines += ["| decoder step of base | head | oneDNN ms | native ms | speed-up |", "| --- | --- | ---: | ---: | ---: |"]
+    lines += ["| decoder step of base | head | oneDNN ms | native ms | speed-up |",
+              "| --- | --- | ---: | ---: | ---: |"]
     for row in data.get("steps", []):
         what = "one token" if row["rows"] == 1 else f"check of {row['rows'] - 1} drafts"
         lines.append(f"| {what} | {row['head']} | {row['onednn_ms']:.2f} | {row['native_ms']:.2f} | "

@@ -27,8 +27,8 @@ from decoding.kv_cache import StaticKVCache
 
 # Up to this many new tokens a float32 decoder's pass after its prompt is one native call: a step, and a check of up
 # to 23 drafts (a live update's 16 reference tokens among them), each row with a one-token step's bits. `base` on
-# the AMD EPYC, 2 threads, ms a pass against the layers over oneDNN: 8 tokens 17.7 / 27.6, 17 tokens 28.0 / 37.7,
-# 24 tokens 35.6 / 40.8, 32 tokens 43.6 / 43.3 (`scripts/bench_native.py --parts steps`).
+# the AMD EPYC, 2 threads, screened head, ms a pass against the layers over oneDNN: 8 tokens 13.1 / 18.4, 17 tokens
+# 20.5 / 23.4, 24 tokens 27.0 / 29.2, 32 tokens (oneDNN in both) 34.4 / 34.1 (docs/figures/native-widths.md).
 STEP_ROWS = 24
 
 
@@ -93,12 +93,12 @@ class NativeStep:
     one-window decoder's pass over a few new tokens, its keys and values written into `cache` as the adapter's own
     pass writes them. Build with `for_adapter`."""
 
-    def __init__(self, model: native.StepModel, layers: Any, keep: list[torch.Tensor], frames: int,
+    def __init__(self, model: native.StepModel, layers: Any, keep: list[torch.Tensor], score_slots: int,
                  rows: int) -> None:
         self.model = model
         self.layers = layers  # the ctypes array the model points into
         self.keep = keep  # every tensor a pointer refers to
-        self.frames = frames
+        self.score_slots = score_slots  # the encoder's frames in whole tiles: a row's cross-attention scores
         self.max_rows = rows
         self.scratch = torch.empty(0)
 
@@ -160,7 +160,7 @@ class NativeStep:
         # A decoder whose rows must not depend on the pass's width (the int8 model: `adapter.span`) steps through
         # here for every width decoding meets; the others for the widths where one call beats the layers'.
         rows = MANY_ROWS - 1 if adapter.span is not None else STEP_ROWS
-        return NativeStep(step, layers, keep, frames, rows)
+        return NativeStep(step, layers, keep, -(-frames // 16) * 16, rows)
 
     def applies(self, cache: StaticKVCache, width: int) -> bool:
         """Whether a pass of `width` new tokens over `cache` can run here (one row, contiguous buffers)."""
@@ -174,7 +174,7 @@ class NativeStep:
         threads = torch.get_num_threads()
         model = self.model
         d = model.d
-        needed = width * (6 * d + model.ffn + threads * max(-(-self.frames // 16) * 16, capacity))
+        needed = width * (6 * d + model.ffn + threads * max(self.score_slots, capacity))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
         model.capacity = capacity

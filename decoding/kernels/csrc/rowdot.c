@@ -203,7 +203,7 @@ void attention_values(const float* w, const float* v, float* out, int64_t G, int
  * each row a one-token step's bits. A draft may read the cross-attention keys and values in bfloat16 (half the
  * bytes of its step): it only proposes tokens that the model then checks. */
 
-enum { MAX_ROWS = 4 }; /* decoding/native.py's MAX_ROWS */
+enum { BLOCK_ROWS = 4 }; /* query rows the attention kernels take at a time (a step of more, in blocks) */
 
 typedef struct {
   const void* w;       /* [n, k] float32, bfloat16 or int8 (kind) */
@@ -325,18 +325,18 @@ static void softmax_row(float* s, int64_t n) {
 #endif
 
 /* out[r] = sum_t scores[r, t] values[t] for rows r of one head (values [count, hd], float32 or bfloat16), row r
- * over its first visible + r values (causal) or all count of them. Each block of MAX_ROWS rows reads each value
+ * over its first visible + r values (causal) or all count of them. Each block of BLOCK_ROWS rows reads each value
  * row once, 64 features at a time; every output element sums over t in order, whatever the row count. */
 static inline __attribute__((always_inline)) void weighted_values(const float* scores, int64_t stride,
                                                                   const void* values, int64_t count,
                                                                   int64_t visible, int causal, int kind, int64_t hd,
                                                                   int64_t rows, float* out, int64_t out_stride) {
-  for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
-    int64_t block = rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS;
+  for (int64_t r0 = 0; r0 < rows; r0 += BLOCK_ROWS) {
+    int64_t block = rows - r0 < BLOCK_ROWS ? rows - r0 : BLOCK_ROWS;
     int64_t seen = causal ? visible + r0 + block - 1 : count;  /* the values the block's last row sees */
     for (int64_t k0 = 0; k0 < hd; k0 += 64) {
       int64_t chunks = hd - k0 < 64 ? (hd - k0) / 16 : 4;
-      v16 a[MAX_ROWS][4] = {{{0}}};
+      v16 a[BLOCK_ROWS][4] = {{{0}}};
       for (int64_t t = 0; t < seen; ++t) {
         v16 w[4];
         for (int64_t c = 0; c < chunks; ++c) w[c] = weights(values, t * hd + k0 + 16 * c, kind);
@@ -372,13 +372,13 @@ static inline __attribute__((always_inline)) void attend(const float* q, int64_t
   weighted_values(scores, stride, values, visible + rows - 1, visible, 1, F32, hd, rows, out, out_stride);
 }
 
-/* Scores of `block` (1..MAX_ROWS, a constant where inlined) query rows over keys in tiles of 16 frames
+/* Scores of `block` (1..BLOCK_ROWS, a constant where inlined) query rows over keys in tiles of 16 frames
  * (step_layer's cross_k layout): each score sums q[k] key[k] over k in order, in its own lane. */
 static inline __attribute__((always_inline)) void tile_scores(const float* q, int64_t q_stride, const void* tiles,
                                                               int64_t tile_count, int kind, int64_t hd, int block,
                                                               float scale, float* scores, int64_t stride) {
   for (int64_t tile = 0; tile < tile_count; ++tile) {
-    v16 a[MAX_ROWS] = {{0}};
+    v16 a[BLOCK_ROWS] = {{0}};
     for (int64_t k = 0; k < hd; ++k) {
       v16 w = weights(tiles, (tile * hd + k) * 16, kind);
       for (int r = 0; r < block; ++r) a[r] += q[r * q_stride + k] * w;
@@ -398,10 +398,10 @@ static inline __attribute__((always_inline)) void attend_cross(const float* q, i
                                                                int64_t stride, float* out, int64_t out_stride) {
   float scale = 1.f / sqrtf((float)hd);
   int64_t tile_count = (count + 15) / 16;
-  for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+  for (int64_t r0 = 0; r0 < rows; r0 += BLOCK_ROWS) {
     const float* qb = q + r0 * q_stride;
     float* sb = scores + r0 * stride;
-    switch (rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS) {
+    switch (rows - r0 < BLOCK_ROWS ? rows - r0 : BLOCK_ROWS) {
       case 1: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 1, scale, sb, stride); break;
       case 2: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 2, scale, sb, stride); break;
       case 3: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 3, scale, sb, stride); break;
