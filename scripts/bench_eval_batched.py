@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--compare", default="greedy")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", help="the model's precision in both runs (`asr eval --dtype`)")
     parser.add_argument("--out", default=str(figure_path("eval-batched")))
     args = parser.parse_args()
     items = wer_items(FOLDERS, skip_missing=True)
@@ -42,7 +43,7 @@ def main() -> None:
     for size in (1, args.batch_size):
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "asr", "eval", str(manifest), "--compare", args.compare, "--threads",
-                        str(args.threads), "--batch-size", str(size), "--report", str(work / f"b{size}"), "-q"],
+                        str(args.threads), "--dtype", args.dtype, "--batch-size", str(size), "--report", str(work / f"b{size}"), "-q"],
                        cwd=REPO, check=True)
         report = json.loads((work / f"b{size}" / "report.json").read_text())
         config = report["configurations"][0]
@@ -53,12 +54,12 @@ def main() -> None:
               flush=True)
     one, many = runs[1], runs[args.batch_size]
     same = sum(a == b for a, b in zip(one["texts"], many["texts"]))
-    data = {"items": len(items) * args.copies, "copies": args.copies, "compare": args.compare,
+    data = {"items": len(items) * args.copies, "copies": args.copies, "compare": args.compare, "dtype": args.dtype,
             "audio_seconds": round(sum(i["duration_s"] for i in items) * args.copies, 1),
             "runs": {str(k): {key: v for key, v in run.items() if key != "texts"} for k, run in runs.items()},
             "same_text": same}
     table = "\n".join([
-        f"`{args.compare}` on {data['items']} items ({args.copies} copies of the {len(items)} English recordings, "
+        f"`{args.compare}` (`--dtype {args.dtype}`) on {data['items']} items ({args.copies} copies of the {len(items)} English recordings, "
         f"{data['audio_seconds']:.0f} s of audio), one `asr eval` run each:", "",
         "| | decoding s | RTFx | WER | items |", "| --- | --- | --- | --- | --- |",
         *(f"| `--batch-size {k}` | {r['decoding_seconds']:.1f} | {r['rtfx']:.1f} | {100 * r['wer']:.2f} % | "

@@ -96,7 +96,9 @@ def test_batches_and_onednn_only_keep_the_layers() -> None:
     model = tiny_whisper(seed=4)
     copy, _ = low_precision_decoder(model, "int8")
     one, two = _encoder_output(model, 4), _encoder_output(model, 4, batch=2)
-    assert NativeStep.for_adapter(WhisperDecoderAdapter(copy, two, drafting=True), copy, True) is None
+    # A batch's step is one token a row (`rows_step`), never a pass of several tokens of one window.
+    batched = NativeStep.for_adapter(WhisperDecoderAdapter(copy, two, drafting=True), copy, True)
+    assert batched is not None and not batched.applies(WhisperDecoderAdapter(copy, two).new_cache(1), 1)
     assert NativeStep.for_adapter(WhisperDecoderAdapter(copy, one, drafting=True), copy, True) is not None
     assert NativeStep.for_adapter(WhisperDecoderAdapter(model, one), model, False) is not None
     with products.onednn_only():
@@ -109,6 +111,49 @@ def test_batches_and_onednn_only_keep_the_layers() -> None:
     assert step is not None and step.max_rows == products.MANY_ROWS - 1 > native.MAX_ROWS
     pair = WhisperDecoderAdapter(copy, two, drafting=True)
     assert pair.rows([1])._step() is not None  # one window of two: its own keys and values
+
+
+@pytest.mark.parametrize("precision", ["model", "int8 model", "int8"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_batchs_step_gives_each_row_its_windows_one_token_step_bits(precision: str, seed: int) -> None:
+    """Windows decoded together, prompts of different lengths (left-padded), rows leaving and reordered: each row's
+    hidden state is bit for bit its window's own step over the same keys and values."""
+    from decoding.ragged import RaggedBatch
+
+    model = tiny_whisper(seed=seed)
+    _, batched = _decoders(model, precision, _encoder_output(model, seed, batch=3))
+    batched.proj_out = lambda hidden: hidden  # the hidden states, not a head that may group rows differently
+    prompts = [[50258, 50259, 50359, 50363], [50258, 50259, 50359, 50363, 400, 401, 402], [50258, 50363, 7]]
+    batch = RaggedBatch(batched, 3)
+    batch.feed(prompts, 1)
+    windows = [0, 1, 2]
+    calls = []
+    rows_step = NativeStep.rows_step
+    generator = torch.Generator().manual_seed(seed)
+    for step in range(6):
+        if step == 3:  # the middle window finishes, the other two swap places
+            batch.select([2, 0])
+            windows = [windows[2], windows[0]]
+        ids = torch.randint(0, 50257, (len(windows),), generator=generator)
+        before = [batch.slots[r][:] for r in range(len(windows))]
+        NativeStep.rows_step = lambda self, *a: calls.append(1) or rows_step(self, *a)
+        try:
+            got = batch.feed([[int(i)] for i in ids], 1)[:, 0]
+        finally:
+            NativeStep.rows_step = rows_step
+        for row, window in enumerate(windows):
+            alone = batched.rows([row])
+            alone._native_step = None
+            cache = alone.new_cache(1)
+            slots = torch.tensor(before[row])
+            cache.ensure(len(slots) + 1)
+            cache.keys[:, 0, :, :len(slots)] = batch.cache.keys[:, row, :, slots]
+            cache.values[:, 0, :, :len(slots)] = batch.cache.values[:, row, :, slots]
+            cache.length = len(slots)
+            expected = alone.forward(ids[row].view(1, 1), cache, 1)[0, 0]
+            assert isinstance(alone._native_step, NativeStep)
+            assert torch.equal(got[row], expected), (precision, step, window)
+    assert len(calls) == 6
 
 
 def test_the_int8_models_cross_attention_is_bfloat16_values_that_its_step_reads_as_bfloat16() -> None:

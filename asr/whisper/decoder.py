@@ -78,6 +78,7 @@ class WhisperDecoderAdapter:
             y = fn(x)
             return y.to(rounding).to(y.dtype) if rounding is not None else y
 
+        self._cross_rows: torch.Tensor | None = None  # rows `select` kept, not yet gathered (`cross`)
         with torch.inference_mode():
             encoder_output = encoder_output.to(self.dtype)
             self.cross = [(self.attention.prepare(self._split(project(layer.cross_k, encoder_output))),
@@ -130,6 +131,10 @@ class WhisperDecoderAdapter:
             step = self._step()
             if step is not None and step.applies(cache, width):  # causal over the new tokens, as below
                 return self.proj_out(step(input_ids, cache, start, num_logits)[None]).float()
+        if native_step and isinstance(start, int) and start > 0 and width == 1 and batch > 1:
+            hidden = self._rows_step(input_ids, cache, start, attention_mask, position_ids)
+            if hidden is not None:
+                return self.proj_out(hidden[:, None]).float()
         if self.span is not None:
             attention_mask = _over_span(attention_mask, start, width, self.span, self.device)
         elif attention_mask is None and width > 1:
@@ -140,6 +145,26 @@ class WhisperDecoderAdapter:
         with prompt_pass(start == 0):
             x = self.layers_over(x, cache, start, attention_mask)
         return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
+
+    def _rows_step(self, input_ids: torch.Tensor, cache: StaticKVCache, start: int, attention_mask: torch.Tensor | None,
+                   position_ids: torch.Tensor | None) -> torch.Tensor | None:
+        """A batch's one-token step as one native call (`NativeStep.rows_step`: each row the bits of its window's
+        step alone, the weights read once for all rows), where every row's visible slots are one run up to the new
+        token's (a ragged batch's left-padded prompts; not the holes rejected drafts leave); else None."""
+        step = self._step()
+        if step is None or not step.applies_to_rows(cache):
+            return None
+        batch = input_ids.shape[0]
+        first = torch.zeros(batch, dtype=torch.int64)
+        if attention_mask is not None:
+            if attention_mask.dtype != torch.bool or attention_mask.shape[-1] != start + 1:
+                return None
+            visible = attention_mask.reshape(batch, start + 1).cpu()
+            first = visible.to(torch.int8).argmax(-1)
+            if not bool((visible.sum(-1) == start + 1 - first).all()) or not bool(visible[:, -1].all()):
+                return None
+        positions = position_ids[:, 0].cpu() if position_ids is not None else torch.full((batch,), start)
+        return step.rows_step(input_ids[:, 0].cpu(), positions, first, cache, start)
 
     def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """`[B, T]` token ids at `[B, T]` positions -> the first layer's input `[B, T, d]`."""
@@ -197,9 +222,23 @@ class WhisperDecoderAdapter:
         return x
 
     @property
+    def cross(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's cross-attention keys and values `[batch, heads, frames, head_dim]`, as `prepare` lays them
+        out; the rows `select` kept are gathered when first read (a batch's native step reads them where they lie,
+        so a batch that only steps there never copies them as its windows finish)."""
+        if self._cross_rows is not None:
+            rows, self._cross_rows = self._cross_rows, None
+            self._cross = [(k[rows], v[rows]) for k, v in self._cross]
+        return self._cross
+
+    @cross.setter
+    def cross(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._cross, self._cross_rows = pairs, None
+
+    @property
     def batch_size(self) -> int:
         """How many windows this decoder reads."""
-        return len(self.cross[0][0])
+        return len(self._cross_rows) if self._cross_rows is not None else len(self._cross[0][0])
 
     def rows(self, indices: list[int]) -> "WhisperDecoderAdapter":
         """The same decoder over some of its windows, sharing their cross-attention keys and values (a
@@ -230,9 +269,12 @@ class WhisperDecoderAdapter:
 
     def select(self, cache: StaticKVCache, rows: torch.Tensor) -> None:
         self.select_cache(cache, rows)
-        self.cross = [(k[rows], v[rows]) for k, v in self.cross]
+        self._cross_rows = rows if self._cross_rows is None else self._cross_rows[rows]
         self.cross_version = next(_CROSS_VERSIONS)
-        self._native_step = None
+        # A batch's native step reads the windows it was built over where they lie; one window is built anew (its
+        # steps of several tokens read window 0).
+        step = self._native_step
+        self._native_step = step.remapped(rows) if isinstance(step, NativeStep) and len(rows) > 1 else None
 
     def select_cache(self, cache: StaticKVCache, rows: torch.Tensor) -> None:
         """`select` where every new row reads the same window as the row now in its place (beams of one window

@@ -33,7 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
-VERSION = 7
+VERSION = 8
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.products.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
 MAX_ROWS = 4
@@ -116,6 +116,9 @@ def library() -> ctypes.CDLL | None:
     lib.decoder_step.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4
                                + [ctypes.c_int64, ctypes.c_int])
     lib.decoder_step.restype = None
+    lib.decoder_step_windows.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4
+                                         + [ctypes.c_int])
+    lib.decoder_step_windows.restype = None
     return lib
 
 
@@ -141,7 +144,8 @@ class StepModel(ctypes.Structure):
                 ("frames", ctypes.c_int64), ("ffn", ctypes.c_int64), ("capacity", ctypes.c_int64),
                 ("cross_kind", ctypes.c_int64), ("embed_kind", ctypes.c_int64),
                 ("eps", ctypes.c_float), ("layer", ctypes.POINTER(StepLayer)), ("embed_tokens", ctypes.c_void_p),
-                ("embed_positions", ctypes.c_void_p), ("norm_w", ctypes.c_void_p), ("norm_b", ctypes.c_void_p)]
+                ("embed_positions", ctypes.c_void_p), ("norm_w", ctypes.c_void_p), ("norm_b", ctypes.c_void_p),
+                ("window_k", ctypes.c_int64), ("window_v", ctypes.c_int64)]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,6 +15,7 @@ every other pass stay as they are.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 from typing import Any
 
@@ -101,6 +102,8 @@ class NativeStep:
         self.score_slots = score_slots  # the encoder's frames in whole tiles: a row's cross-attention scores
         self.max_rows = rows
         self.scratch = torch.empty(0)
+        # The stored window each row of a batch reads (`rows_step`); `remapped` as rows leave or are reordered.
+        self.windows = torch.arange(1)
 
     @staticmethod
     def for_adapter(adapter: Any, model: torch.nn.Module, drafting: bool) -> "NativeStep | None":
@@ -109,7 +112,7 @@ class NativeStep:
         kernels (or `onednn_only()`, `reference_kernels()`), another device, an offloaded or not-float32 decoder,
         a product in another form, an activation other than GELU, head sizes not a multiple of 16."""
         if native.library() is None or not native_rows_allowed() or adapter.device.type != "cpu" \
-                or adapter.store is not None or adapter.batch_size != 1 \
+                or adapter.store is not None \
                 or adapter.dtype != torch.float32 or adapter.kv_dtype != torch.float32 \
                 or adapter.head_dim % 16 or adapter.embed_tokens.dtype not in (torch.float32, torch.bfloat16):
             return None
@@ -142,13 +145,14 @@ class NativeStep:
                 setattr(entry, f"{name}_b", parts[name][1])
             for name in ("q", "k", "v", "out", "cross_q", "cross_out", "fc1", "fc2"):
                 setattr(entry, name, parts[name])
-            # A draft's in bfloat16: half the bytes its step reads, and it does not miss the rounding.
-            entry.cross_k = _tensor(_tiles(keys[0].to(cross_dtype)), keep)
-            entry.cross_v = _tensor(values[0].to(cross_dtype).contiguous(), keep)
+            # A draft's in bfloat16: half the bytes its step reads, and it does not miss the rounding. Each
+            # window's heads one after another (`decoder_step_windows` reads a batch's).
+            entry.cross_k = _tensor(_tiles(keys.flatten(0, 1).to(cross_dtype)), keep)
+            entry.cross_v = _tensor(values.to(cross_dtype).contiguous(), keep)
         final = _norm(decoder.layer_norm, keep)
         if final is None:
             return None
-        frames = adapter.cross[0][0].shape[-2]
+        windows, frames = adapter.batch_size, adapter.cross[0][0].shape[-2]
         step = native.StepModel(
             layers=len(decoder.layers), d=config.d_model, heads=adapter.heads, frames=frames,
             ffn=config.decoder_ffn_dim, capacity=0, cross_kind=native.WEIGHT_KINDS[cross_dtype],
@@ -156,16 +160,56 @@ class NativeStep:
             layer=ctypes.cast(layers, ctypes.POINTER(native.StepLayer)),
             embed_tokens=_tensor(adapter.embed_tokens.detach().contiguous(), keep),
             embed_positions=_tensor(adapter.embed_positions.detach().contiguous(), keep),
-            norm_w=final[0], norm_b=final[1])
+            norm_w=final[0], norm_b=final[1], window_k=adapter.heads * -(-frames // 16) * 16 * adapter.head_dim,
+            window_v=adapter.heads * frames * adapter.head_dim)
         # A decoder whose rows must not depend on the pass's width (the int8 model: `adapter.span`) steps through
         # here for every width decoding meets; the others for the widths where one call beats the layers'.
         rows = MANY_ROWS - 1 if adapter.span is not None else STEP_ROWS
-        return NativeStep(step, layers, keep, -(-frames // 16) * 16, rows)
+        native_step = NativeStep(step, layers, keep, -(-frames // 16) * 16, rows)
+        native_step.windows = torch.arange(windows)
+        return native_step
+
+    def remapped(self, rows: torch.Tensor) -> "NativeStep":
+        """The same step for a batch whose row i is this batch's row `rows[i]` (windows finished or reordered)."""
+        step = copy.copy(self)
+        step.windows = self.windows[rows.cpu()]
+        step.scratch = torch.empty(0)
+        return step
 
     def applies(self, cache: StaticKVCache, width: int) -> bool:
         """Whether a pass of `width` new tokens over `cache` can run here (one row, contiguous buffers)."""
-        return 0 < width <= self.max_rows and cache.keys.shape[1] == 1 and cache.keys.is_contiguous() \
-            and cache.values.is_contiguous() and cache.keys.dtype == torch.float32
+        return 0 < width <= self.max_rows and cache.keys.shape[1] == 1 and len(self.windows) == 1 \
+            and self._buffers_fit(cache)
+
+    def applies_to_rows(self, cache: StaticKVCache) -> bool:
+        """Whether `rows_step` can run over `cache` (a row per window of this batch, contiguous buffers)."""
+        return cache.keys.shape[1] == len(self.windows) and self._buffers_fit(cache)
+
+    @staticmethod
+    def _buffers_fit(cache: StaticKVCache) -> bool:
+        return cache.keys.is_contiguous() and cache.values.is_contiguous() and cache.keys.dtype == torch.float32
+
+    def rows_step(self, input_ids: torch.Tensor, positions: torch.Tensor, first: torch.Tensor, cache: StaticKVCache,
+                  slot: int) -> torch.Tensor:
+        """One new token for each row of a batch of windows (`[rows]` ids at `[rows]` positions, written at cache
+        slot `slot`), row r attending over its slots `first[r]`..`slot`: the final-normed hidden states `[rows, d]`,
+        each row's the bits of a one-token step of its window alone over the same keys and values."""
+        rows = input_ids.shape[0]
+        threads = torch.get_num_threads()
+        model = self.model
+        d = model.d
+        capacity = cache.keys.shape[3]
+        needed = rows * (6 * d + model.ffn) + threads * max(self.score_slots, capacity)
+        if self.scratch.numel() < needed:
+            self.scratch = torch.empty(needed)
+        model.capacity = capacity
+        ids, positions, first = (t.to(torch.int64).contiguous() for t in (input_ids, positions, first))
+        out = torch.empty(rows, d)
+        native.library().decoder_step_windows(ctypes.addressof(model), ids.data_ptr(), positions.data_ptr(),
+                                              first.data_ptr(), self.windows.data_ptr(), rows, slot,
+                                              cache.keys.data_ptr(), cache.values.data_ptr(),
+                                              self.scratch.data_ptr(), out.data_ptr(), threads)
+        return out
 
     def __call__(self, input_ids: torch.Tensor, cache: StaticKVCache, start: int, num_logits: int) -> torch.Tensor:
         width = input_ids.shape[1]

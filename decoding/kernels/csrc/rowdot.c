@@ -235,6 +235,8 @@ typedef struct {
   const void* embed_tokens;                     /* [vocab, d] (embed_kind) */
   const float* embed_positions;                 /* float32 [positions, d] */
   const float *norm_w, *norm_b;                 /* the final layer norm */
+  /* decoder_step_windows: elements from one stored window's cross-attention keys (tiles) and values to the next */
+  int64_t window_k, window_v;
 } step_model;
 
 static inline float hsum(v16 s) {
@@ -492,5 +494,94 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
   layer_norm_rows(x + (rows - outputs) * d, m->norm_w, m->norm_b, out, outputs, d, m->eps);
 }
 
+/* One new token for each of `windows` windows decoded together (a batch's rows), each row computed exactly as
+ * decoder_step computes a one-token step of its window alone (the same order of every sum, so the same bits).
+ * Row b's token ids[b] at position positions[b] is written at cache slot `slot` of row b (keys and values
+ * [layers, windows, heads, capacity, head_dim] float32) and attends over its slots first[b]..slot: its own tokens
+ * in order (a batch left-pads shorter prompts). Its cross-attention reads stored window stored[b]: the keys and
+ * values step_layer points to, stored[b] * m->window_k (window_v) elements on. `out` [windows, d] gets the
+ * final-normed hidden states; `scratch` holds windows * (6 d + ffn) + threads * max(frames rounded up to 16,
+ * capacity) floats. */
+void decoder_step_windows(const step_model* m, const int64_t* ids, const int64_t* positions, const int64_t* first,
+                          const int64_t* stored, int64_t windows, int64_t slot, float* keys, float* values,
+                          float* scratch, float* out, int threads) {
+  const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, T = m->frames, B = windows;
+  float* x = scratch;              /* [B, d] the residual stream */
+  float* h = x + B * d;            /* [B, d] normed */
+  float* qkv = h + B * d;          /* [3, B, d]: queries, keys, values */
+  float* a = qkv + B * 3 * d;      /* [B, d] attention output */
+  float* f = a + B * d;            /* [B, ffn] */
+  float* score_base = f + B * m->ffn;
+  int64_t score_len = (T + 15) / 16 * 16 > cap ? (T + 15) / 16 * 16 : cap;
+  int64_t tiled = (T + 15) / 16 * 16 * hd;  /* one head's cross-attention keys, in tiles */
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t i = 0; i < d; ++i)
+      x[r * d + i] = weight_at(m->embed_tokens, ids[r] * d + i, (int)m->embed_kind)
+                     + m->embed_positions[positions[r] * d + i];
+  #pragma omp parallel num_threads(threads)
+  {
+#if defined(_OPENMP)
+    float* scores = score_base + omp_get_thread_num() * score_len;
+#else
+    float* scores = score_base;
+#endif
+    for (int64_t l = 0; l < m->layers; ++l) {
+      const step_layer* L = m->layer + l;
+      float* lk = keys + l * B * H * cap * hd;
+      float* lv = values + l * B * H * cap * hd;
+      #pragma omp single
+      layer_norm_rows(x, L->norm_self_w, L->norm_self_b, h, B, d, m->eps);
+      step_product(&L->q, h, qkv, B);
+      step_product(&L->k, h, qkv + B * d, B);
+      step_product(&L->v, h, qkv + 2 * B * d, B);
+      #pragma omp single
+      for (int64_t r = 0; r < B; ++r)
+        for (int64_t g = 0; g < H; ++g) {
+          memcpy(lk + ((r * H + g) * cap + slot) * hd, qkv + (B + r) * d + g * hd, hd * sizeof(float));
+          memcpy(lv + ((r * H + g) * cap + slot) * hd, qkv + (2 * B + r) * d + g * hd, hd * sizeof(float));
+        }
+      #pragma omp for schedule(static)
+      for (int64_t i = 0; i < B * H; ++i) {
+        int64_t r = i / H, g = i % H;
+        int64_t at = (r * H + g) * cap + first[r];
+        attend(qkv + r * d + g * hd, d, lk + at * hd, lv + at * hd, slot - first[r] + 1, hd, 1, scores, score_len,
+               a + r * d + g * hd, d);
+      }
+      step_product(&L->out, a, h, B);
+      #pragma omp single
+      {
+        for (int64_t i = 0; i < B * d; ++i) x[i] += h[i];
+        layer_norm_rows(x, L->norm_cross_w, L->norm_cross_b, h, B, d, m->eps);
+      }
+      step_product(&L->cross_q, h, qkv, B);
+      #pragma omp for schedule(static)
+      for (int64_t i = 0; i < B * H; ++i) {
+        int64_t r = i / H, g = i % H;
+        if (m->cross_kind == BF16)
+          attend_cross(qkv + r * d + g * hd, d, (const uint16_t*)L->cross_k + stored[r] * m->window_k + g * tiled,
+                       (const uint16_t*)L->cross_v + stored[r] * m->window_v + g * T * hd, T, BF16, hd, 1, scores,
+                       score_len, a + r * d + g * hd, d);
+        else
+          attend_cross(qkv + r * d + g * hd, d, (const float*)L->cross_k + stored[r] * m->window_k + g * tiled,
+                       (const float*)L->cross_v + stored[r] * m->window_v + g * T * hd, T, F32, hd, 1, scores,
+                       score_len, a + r * d + g * hd, d);
+      }
+      step_product(&L->cross_out, a, h, B);
+      #pragma omp single
+      {
+        for (int64_t i = 0; i < B * d; ++i) x[i] += h[i];
+        layer_norm_rows(x, L->norm_ffn_w, L->norm_ffn_b, h, B, d, m->eps);
+      }
+      step_product(&L->fc1, h, f, B);
+      #pragma omp for schedule(static)
+      for (int64_t i = 0; i < B * m->ffn; ++i) f[i] = gelu(f[i]);
+      step_product(&L->fc2, f, h, B);
+      #pragma omp single
+      for (int64_t i = 0; i < B * d; ++i) x[i] += h[i];
+    }
+  }
+  layer_norm_rows(x, m->norm_w, m->norm_b, out, B, d, m->eps);
+}
+
 /* Build check: the caller compares this with the version it expects. */
-int rowdot_version(void) { return 7; }
+int rowdot_version(void) { return 8; }
