@@ -9,8 +9,9 @@ A drafting copy reads its cross-attention keys and values in bfloat16 (its logit
 the model checks every token it proposes); a float32 model keeps them in float32, the int8 model, whose keys and
 values are bfloat16 values, reads them so. The int8 model (`--dtype int8`, whose
 token table is bfloat16, widened as it is read) takes every pass after its prompt through it, whatever its width,
-so that each row has one step's bits however many drafts are checked with it. The prompt pass, the head and
-every other pass stay as they are.
+so that each row has one step's bits however many drafts are checked with it. A batch of windows' one-token
+steps run as one call too (`rows_step`): the weights read once for all rows, each row its window's own step's
+bits. The prompt pass, the head and every other pass stay as they are.
 """
 
 from __future__ import annotations
