@@ -112,7 +112,9 @@ def test_drafting_from_the_last_hypothesis_commits_the_same_words_with_fewer_pas
 
 def test_committed_words_are_where_two_hypotheses_agree_and_the_rest_comes_at_the_end(tiny) -> None:
     audio = np.random.default_rng(5).normal(0, 0.1, 7 * 16000).astype(np.float32)
-    live = StreamingTranscriber(tiny, TranscribeOptions(language="en", max_new_tokens=24), None, drafting=False)
+    # A random model's text loops: every window is kept here (the repetition check has a test of its own).
+    options = TranscribeOptions(language="en", max_new_tokens=24, compression_ratio_threshold=None)
+    live = StreamingTranscriber(tiny, options, None, drafting=False)
     committed = []
     for chunk in file_chunks(audio, 1.0, realtime=False):
         live.insert_audio(chunk)
@@ -128,6 +130,22 @@ def test_committed_words_are_where_two_hypotheses_agree_and_the_rest_comes_at_th
     assert words and all(a.start <= b.start for a, b in zip(words, words[1:]))
     stats = live.stats.to_dict()
     assert stats["committed_words"] == len(words) and stats["latency_p90"] >= stats["latency_p50"] >= 0
+
+
+def test_a_window_that_fails_the_repetition_check_commits_nothing(tiny) -> None:
+    audio = np.random.default_rng(5).normal(0, 0.1, 7 * 16000).astype(np.float32)
+    committed = {}
+    for limit in (None, 0.01):  # 0.01: every window's text "loops"
+        options = TranscribeOptions(language="en", max_new_tokens=24, compression_ratio_threshold=limit)
+        live = StreamingTranscriber(tiny, options, None, drafting=False)
+        segments = []
+        for chunk in file_chunks(audio, 1.0, realtime=False):
+            live.insert_audio(chunk)
+            segments += live.process()
+        segments += live.finish()
+        committed[limit] = (segments, live.stats.to_dict()["repetitive_windows"])
+    assert committed[None][0] and committed[None][1] == 0
+    assert committed[0.01][0] == [] and committed[0.01][1] >= 7
 
 
 def test_minutes_of_silence_commit_nothing_and_keep_the_buffer_within_a_window(tiny) -> None:
@@ -269,7 +287,8 @@ def test_ctrl_c_commits_and_writes_what_was_heard(tiny_whisper_folder: Path, tmp
     audio = tmp_path / "noise.wav"
     soundfile.write(audio, np.random.default_rng(4).normal(0, 0.1, 8 * 16000).astype(np.float32), 16000)
     result = CliRunner().invoke(main, ["stream", str(audio), "--model", str(tiny_whisper_folder), "--language", "en",
-                                       "-o", str(tmp_path / "out"), "-f", "txt", "--assistant", "none"])
+                                       "-o", str(tmp_path / "out"), "-f", "txt", "--assistant", "none",
+                                       "--compression-ratio-threshold", "none"])  # a random model's text loops
     assert result.exit_code == 0, result.output
     assert "stopped: committing what was heard" in result.output
     written = (tmp_path / "out" / "noise.txt").read_text()

@@ -22,7 +22,7 @@ BEAM_HELP = ("Beam search with N beams at temperature 0 (openai-whisper's algori
              "5, this one to greedy). The model decodes alone: an --assistant is refused, auto decodes without one.")
 
 
-def _optional_float(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+def optional_float(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     """A number, or None for "none" (openai-whisper's optional_float)."""
     if value is None or value.strip().lower() == "none":
         return None
@@ -81,12 +81,12 @@ SHARED = [
     click.option("--best-of", type=int, default=None, metavar="N",
                  help="Samples per window at fallback temperatures above 0, the most likely kept (openai-whisper's "
                       "command line: 5) [default: 1]; with an --assistant each sample is assisted."),
-    click.option("--compression-ratio-threshold", default="2.4", show_default=True, callback=_optional_float,
+    click.option("--compression-ratio-threshold", default="2.4", show_default=True, callback=optional_float,
                  metavar="FLOAT|none",
                  help="Decode a window again (next temperature) when its gzip compression ratio is above this; none: never."),
-    click.option("--logprob-threshold", default="-1.0", show_default=True, callback=_optional_float, metavar="FLOAT|none",
+    click.option("--logprob-threshold", default="-1.0", show_default=True, callback=optional_float, metavar="FLOAT|none",
                  help="Decode a window again when its average log-probability is below this; none: never."),
-    click.option("--no-speech-threshold", default="0.6", show_default=True, callback=_optional_float, metavar="FLOAT|none",
+    click.option("--no-speech-threshold", default="0.6", show_default=True, callback=optional_float, metavar="FLOAT|none",
                  help="A window whose no-speech probability is above this (and log-probability below "
                       "--logprob-threshold) is silence; none: never."),
     click.option("--suppress-tokens", default="-1", show_default=True, metavar="IDS", callback=_suppress_tokens,

@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 
 import click
 
+from asr.cli.options import optional_float
 from asr.cli.runtime import parse_offload, runtime_options, setup_runtime
 from asr.cli.transcribe import status_lines
 from asr.cli.transcribe_io import check_writable
@@ -33,6 +34,10 @@ def _live_options(command: Callable) -> Callable:
                      help="Seconds of new audio between updates (the least; more when decoding falls behind)."),
         click.option("--trim-seconds", type=float, default=15.0, show_default=True,
                      help="A buffer longer than this is cut at its last committed segment."),
+        click.option("--compression-ratio-threshold", default="2.4", show_default=True, callback=optional_float,
+                     metavar="FLOAT|none",
+                     help="A decoded window whose gzip compression ratio is above this is a loop: its words are "
+                          "not committed (a stream has no temperature fallback); none: keep every window."),
         click.option("--vad", is_flag=True,
                      help="Silero VAD: silence is not decoded (nothing invented, less compute), and a pause of "
                           "0.5 s commits the words before it."),
@@ -87,7 +92,7 @@ def listen_command(input_device, **common) -> None:
 
 
 def _run(chunks: Callable[[float], Iterator], name: str, *, wall_clock: bool, model, assistant, language, task,
-         initial_prompt, step, trim_seconds, vad, output_format, output_dir, device, dtype, offload, offload_folder,
+         initial_prompt, step, trim_seconds, compression_ratio_threshold, vad, output_format, output_dir, device, dtype, offload, offload_folder,
          max_memory, threads, quiet) -> None:
     from asr.assist.choose import load_pair
     from asr.cli.options import describe_assistant
@@ -105,7 +110,8 @@ def _run(chunks: Callable[[float], Iterator], name: str, *, wall_clock: bool, mo
             if output_dir is not None:
                 check_writable(output_dir)
             source = chunks(step)  # a file is read (and checked) before the model loads
-            options = TranscribeOptions(language=language, task=task, initial_prompt=initial_prompt)
+            options = TranscribeOptions(language=language, task=task, initial_prompt=initial_prompt,
+                                        compression_ratio_threshold=compression_ratio_threshold)
             status(f"loading {model} on {device} ({str(precision).removeprefix('torch.')})")
             bundle, chosen = load_pair(model, assistant, device=device, dtype=precision, offload=offloading)
             status(describe_assistant(assistant, chosen) + ("; drafting from the last hypothesis" if assistant != "none"

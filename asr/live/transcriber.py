@@ -63,6 +63,7 @@ class StreamStats:
     compute_seconds: float = 0.0
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0  # the decoder's passes and drafting, and the word-alignment pass
+    repetitive_windows: int = 0  # decoded windows whose words were dropped as a loop (`_decode`)
     generation: GenerationStats = field(default_factory=GenerationStats)
     latencies: list[float] = field(default_factory=list)  # per committed word: commit time - its end in the audio
 
@@ -76,6 +77,7 @@ class StreamStats:
             "decoder_seconds": round(self.generation.total_seconds, 3),
             "latency_mean": _rounded(np.mean(latency)), "latency_p50": _rounded(np.percentile(latency, 50)),
             "latency_p90": _rounded(np.percentile(latency, 90)), "committed_words": len(self.latencies),
+            "repetitive_windows": self.repetitive_windows,
         }
         generation = self.generation.to_dict()
         generation.pop("total_seconds", None)
@@ -250,8 +252,14 @@ class StreamingTranscriber:
         self.stats.decode_seconds += stats.decode_seconds
         self.stats.compute_seconds += time.perf_counter() - started
         offset = self._buffer_start
-        words = [Word(w.word, w.start + offset, w.end + offset, w.probability)
-                 for s in transcript.segments for w in (s.words or ())]
+        # A window that fails the repetition check (`--compression-ratio-threshold`) is a loop that a file's
+        # decoding would sample again; a stream has no fallback, and two updates that loop alike would commit it
+        # (a real-time run once committed 250 invented words on the sonnets). Its words are not heard: a later
+        # update that decodes that audio without a loop gives them.
+        limit = self.options.compression_ratio_threshold
+        kept = [s for s in transcript.segments if limit is None or s.compression_ratio <= limit]
+        self.stats.repetitive_windows += len({s.seek for s in transcript.segments} - {s.seek for s in kept})
+        words = [Word(w.word, w.start + offset, w.end + offset, w.probability) for s in kept for w in (s.words or ())]
         timestamp_begin = self.bundle.special.timestamp_begin
         ends = [offset + (self._reference[j] - timestamp_begin) * 0.02
                 for j in segment_boundaries(self._reference, timestamp_begin)]
