@@ -416,6 +416,48 @@ static inline __attribute__((always_inline)) void attend_cross(const float* q, i
 
 static float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
 
+/* The parts of a layer's step that decoder_step and decoder_step_windows share, each called by every thread of
+ * their parallel region (one thread norms, the products share out weight rows). */
+
+/* x += h (the residual), then h = layer_norm(x) where a norm is given. */
+static void add_and_norm(float* x, float* h, const float* w, const float* b, int64_t rows, int64_t d, float eps) {
+  #pragma omp single
+  {
+    for (int64_t i = 0; i < rows * d; ++i) x[i] += h[i];
+    if (w) layer_norm_rows(x, w, b, h, rows, d, eps);
+  }
+}
+
+/* h = the self-attention's norm of x; its queries, keys and values into qkv [3, rows, d]. */
+static void self_projections(const step_model* m, const step_layer* L, const float* x, float* h, float* qkv,
+                             int64_t rows) {
+  #pragma omp single
+  layer_norm_rows(x, L->norm_self_w, L->norm_self_b, h, rows, m->d, m->eps);
+  step_product(&L->q, h, qkv, rows);
+  step_product(&L->k, h, qkv + rows * m->d, rows);
+  step_product(&L->v, h, qkv + 2 * rows * m->d, rows);
+}
+
+/* After the self-attention (its output in a): the residual, the cross-attention's norm and queries (into qkv). */
+static void cross_queries(const step_model* m, const step_layer* L, float* x, float* h, const float* a, float* qkv,
+                          int64_t rows) {
+  step_product(&L->out, a, h, rows);
+  add_and_norm(x, h, L->norm_cross_w, L->norm_cross_b, rows, m->d, m->eps);
+  step_product(&L->cross_q, h, qkv, rows);
+}
+
+/* After the cross-attention (its output in a): the residual and the GELU MLP with its residual. */
+static void feed_forward(const step_model* m, const step_layer* L, float* x, float* h, const float* a, float* f,
+                         int64_t rows) {
+  step_product(&L->cross_out, a, h, rows);
+  add_and_norm(x, h, L->norm_ffn_w, L->norm_ffn_b, rows, m->d, m->eps);
+  step_product(&L->fc1, h, f, rows);
+  #pragma omp for schedule(static)
+  for (int64_t i = 0; i < rows * m->ffn; ++i) f[i] = gelu(f[i]);
+  step_product(&L->fc2, f, h, rows);
+  add_and_norm(x, h, NULL, NULL, rows, m->d, m->eps);
+}
+
 /* One step of a decoder over `rows` new tokens `ids` at positions start.. (its cache filled up to start): writes the
  * new keys and values into `keys`/`values` ([layers, heads, capacity, head_dim] float32) and the final-normed
  * hidden states of the last `outputs` rows into `out` [outputs, d]. `scratch` holds
@@ -445,11 +487,7 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
       const step_layer* L = m->layer + l;
       float* lk = keys + l * H * cap * hd;
       float* lv = values + l * H * cap * hd;
-      #pragma omp single
-      layer_norm_rows(x, L->norm_self_w, L->norm_self_b, h, rows, d, m->eps);
-      step_product(&L->q, h, qkv, rows);
-      step_product(&L->k, h, qkv + rows * d, rows);
-      step_product(&L->v, h, qkv + 2 * rows * d, rows);
+      self_projections(m, L, x, h, qkv, rows);
       #pragma omp single
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t g = 0; g < H; ++g) {
@@ -460,13 +498,7 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
       for (int64_t g = 0; g < H; ++g)
         attend(qkv + g * hd, d, lk + g * cap * hd, lv + g * cap * hd, start + 1, hd, rows, scores, score_len,
                a + g * hd, d);
-      step_product(&L->out, a, h, rows);
-      #pragma omp single
-      {
-        for (int64_t i = 0; i < rows * d; ++i) x[i] += h[i];
-        layer_norm_rows(x, L->norm_cross_w, L->norm_cross_b, h, rows, d, m->eps);
-      }
-      step_product(&L->cross_q, h, qkv, rows);
+      cross_queries(m, L, x, h, a, qkv, rows);
       #pragma omp for schedule(static)
       for (int64_t g = 0; g < H; ++g) {
         int64_t tiled = (T + 15) / 16 * 16 * hd;  /* one head's keys, in tiles */
@@ -477,18 +509,7 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
           attend_cross(qkv + g * hd, d, (const float*)L->cross_k + g * tiled, (const float*)L->cross_v + g * T * hd,
                        T, F32, hd, rows, scores, score_len, a + g * hd, d);
       }
-      step_product(&L->cross_out, a, h, rows);
-      #pragma omp single
-      {
-        for (int64_t i = 0; i < rows * d; ++i) x[i] += h[i];
-        layer_norm_rows(x, L->norm_ffn_w, L->norm_ffn_b, h, rows, d, m->eps);
-      }
-      step_product(&L->fc1, h, f, rows);
-      #pragma omp for schedule(static)
-      for (int64_t i = 0; i < rows * m->ffn; ++i) f[i] = gelu(f[i]);
-      step_product(&L->fc2, f, h, rows);
-      #pragma omp single
-      for (int64_t i = 0; i < rows * d; ++i) x[i] += h[i];
+      feed_forward(m, L, x, h, a, f, rows);
     }
   }
   layer_norm_rows(x + (rows - outputs) * d, m->norm_w, m->norm_b, out, outputs, d, m->eps);
@@ -529,11 +550,7 @@ void decoder_step_windows(const step_model* m, const int64_t* ids, const int64_t
       const step_layer* L = m->layer + l;
       float* lk = keys + l * B * H * cap * hd;
       float* lv = values + l * B * H * cap * hd;
-      #pragma omp single
-      layer_norm_rows(x, L->norm_self_w, L->norm_self_b, h, B, d, m->eps);
-      step_product(&L->q, h, qkv, B);
-      step_product(&L->k, h, qkv + B * d, B);
-      step_product(&L->v, h, qkv + 2 * B * d, B);
+      self_projections(m, L, x, h, qkv, B);
       #pragma omp single
       for (int64_t r = 0; r < B; ++r)
         for (int64_t g = 0; g < H; ++g) {
@@ -547,13 +564,7 @@ void decoder_step_windows(const step_model* m, const int64_t* ids, const int64_t
         attend(qkv + r * d + g * hd, d, lk + at * hd, lv + at * hd, slot - first[r] + 1, hd, 1, scores, score_len,
                a + r * d + g * hd, d);
       }
-      step_product(&L->out, a, h, B);
-      #pragma omp single
-      {
-        for (int64_t i = 0; i < B * d; ++i) x[i] += h[i];
-        layer_norm_rows(x, L->norm_cross_w, L->norm_cross_b, h, B, d, m->eps);
-      }
-      step_product(&L->cross_q, h, qkv, B);
+      cross_queries(m, L, x, h, a, qkv, B);
       #pragma omp for schedule(static)
       for (int64_t i = 0; i < B * H; ++i) {
         int64_t r = i / H, g = i % H;
@@ -566,18 +577,7 @@ void decoder_step_windows(const step_model* m, const int64_t* ids, const int64_t
                        (const float*)L->cross_v + stored[r] * m->window_v + g * T * hd, T, F32, hd, 1, scores,
                        score_len, a + r * d + g * hd, d);
       }
-      step_product(&L->cross_out, a, h, B);
-      #pragma omp single
-      {
-        for (int64_t i = 0; i < B * d; ++i) x[i] += h[i];
-        layer_norm_rows(x, L->norm_ffn_w, L->norm_ffn_b, h, B, d, m->eps);
-      }
-      step_product(&L->fc1, h, f, B);
-      #pragma omp for schedule(static)
-      for (int64_t i = 0; i < B * m->ffn; ++i) f[i] = gelu(f[i]);
-      step_product(&L->fc2, f, h, B);
-      #pragma omp single
-      for (int64_t i = 0; i < B * d; ++i) x[i] += h[i];
+      feed_forward(m, L, x, h, a, f, B);
     }
   }
   layer_norm_rows(x, m->norm_w, m->norm_b, out, B, d, m->eps);
