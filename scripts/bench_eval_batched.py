@@ -43,8 +43,8 @@ def main() -> None:
     for size in (1, args.batch_size):
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "asr", "eval", str(manifest), "--compare", args.compare, "--threads",
-                        str(args.threads), "--dtype", args.dtype, "--batch-size", str(size), "--report", str(work / f"b{size}"), "-q"],
-                       cwd=REPO, check=True)
+                        str(args.threads), "--dtype", args.dtype, "--batch-size", str(size),
+                        "--report", str(work / f"b{size}"), "-q"], cwd=REPO, check=True)
         report = json.loads((work / f"b{size}" / "report.json").read_text())
         config = report["configurations"][0]
         runs[size] = {"wall_seconds": round(time.perf_counter() - started, 1),
@@ -59,8 +59,8 @@ def main() -> None:
             "runs": {str(k): {key: v for key, v in run.items() if key != "texts"} for k, run in runs.items()},
             "same_text": same}
     table = "\n".join([
-        f"`{args.compare}` (`--dtype {args.dtype}`) on {data['items']} items ({args.copies} copies of the {len(items)} English recordings, "
-        f"{data['audio_seconds']:.0f} s of audio), one `asr eval` run each:", "",
+        f"`{args.compare}` (`--dtype {args.dtype}`) on {data['items']} items ({args.copies} copies of the "
+        f"{len(items)} English recordings, {data['audio_seconds']:.0f} s of audio), one `asr eval` run each:", "",
         "| | decoding s | RTFx | WER | items |", "| --- | --- | --- | --- | --- |",
         *(f"| `--batch-size {k}` | {r['decoding_seconds']:.1f} | {r['rtfx']:.1f} | {100 * r['wer']:.2f} % | "
           f"{r['items']} |" for k, r in runs.items()), "",

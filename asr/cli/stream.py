@@ -92,8 +92,8 @@ def listen_command(input_device, **common) -> None:
 
 
 def _run(chunks: Callable[[float], Iterator], name: str, *, wall_clock: bool, model, assistant, language, task,
-         initial_prompt, step, trim_seconds, compression_ratio_threshold, vad, output_format, output_dir, device, dtype, offload, offload_folder,
-         max_memory, threads, quiet) -> None:
+         initial_prompt, step, trim_seconds, compression_ratio_threshold, vad, output_format, output_dir, device,
+         dtype, offload, offload_folder, max_memory, threads, quiet) -> None:
     from asr.assist.choose import load_pair
     from asr.cli.options import describe_assistant
     from asr.live import StreamingTranscriber
