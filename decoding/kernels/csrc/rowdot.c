@@ -419,6 +419,26 @@ static float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.707106781186547
 /* The parts of a layer's step that decoder_step and decoder_step_windows share, each called by every thread of
  * their parallel region (one thread norms, the products share out weight rows). */
 
+/* A step's scratch for `rows` rows: the residual stream x, its norm h, queries/keys/values qkv [3, rows, d], the
+ * attention's output a [rows, d], the MLP's f [rows, ffn], then each thread's scores (score_len floats a row). */
+typedef struct {
+  float *x, *h, *qkv, *a, *f, *scores;
+  int64_t score_len;
+} step_buffers;
+
+static step_buffers carve(const step_model* m, float* scratch, int64_t rows) {
+  step_buffers s;
+  int64_t d = m->d, tiles = (m->frames + 15) / 16 * 16;
+  s.x = scratch;
+  s.h = s.x + rows * d;
+  s.qkv = s.h + rows * d;
+  s.a = s.qkv + rows * 3 * d;
+  s.f = s.a + rows * d;
+  s.scores = s.f + rows * m->ffn;
+  s.score_len = tiles > m->capacity ? tiles : m->capacity;
+  return s;
+}
+
 /* x += h (the residual), then h = layer_norm(x) where a norm is given. */
 static void add_and_norm(float* x, float* h, const float* w, const float* b, int64_t rows, int64_t d, float eps) {
   #pragma omp single
@@ -465,13 +485,9 @@ static void feed_forward(const step_model* m, const step_layer* L, float* x, flo
 void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t start, float* keys, float* values,
                 float* scratch, float* out, int64_t outputs, int threads) {
   const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, T = m->frames;
-  float* x = scratch;                 /* [rows, d] the residual stream */
-  float* h = x + rows * d;            /* [rows, d] normed */
-  float* qkv = h + rows * d;          /* [3, rows, d]: queries, keys, values */
-  float* a = qkv + rows * 3 * d;      /* [rows, d] attention output */
-  float* f = a + rows * d;            /* [rows, ffn] */
-  float* score_base = f + rows * m->ffn;
-  int64_t score_len = (T + 15) / 16 * 16 > cap ? (T + 15) / 16 * 16 : cap;
+  step_buffers s = carve(m, scratch, rows);
+  float *x = s.x, *h = s.h, *qkv = s.qkv, *a = s.a, *f = s.f, *score_base = s.scores;
+  int64_t score_len = s.score_len;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < d; ++i)
       x[r * d + i] = weight_at(m->embed_tokens, ids[r] * d + i, (int)m->embed_kind)
@@ -527,13 +543,9 @@ void decoder_step_windows(const step_model* m, const int64_t* ids, const int64_t
                           const int64_t* stored, int64_t windows, int64_t slot, float* keys, float* values,
                           float* scratch, float* out, int threads) {
   const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, T = m->frames, B = windows;
-  float* x = scratch;              /* [B, d] the residual stream */
-  float* h = x + B * d;            /* [B, d] normed */
-  float* qkv = h + B * d;          /* [3, B, d]: queries, keys, values */
-  float* a = qkv + B * 3 * d;      /* [B, d] attention output */
-  float* f = a + B * d;            /* [B, ffn] */
-  float* score_base = f + B * m->ffn;
-  int64_t score_len = (T + 15) / 16 * 16 > cap ? (T + 15) / 16 * 16 : cap;
+  step_buffers s = carve(m, scratch, B);
+  float *x = s.x, *h = s.h, *qkv = s.qkv, *a = s.a, *f = s.f, *score_base = s.scores;
+  int64_t score_len = s.score_len;
   int64_t tiled = (T + 15) / 16 * 16 * hd;  /* one head's cross-attention keys, in tiles */
   for (int64_t r = 0; r < B; ++r)
     for (int64_t i = 0; i < d; ++i)
