@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 import click
 
-from asr.cli.options import optional_float
+from asr.cli.options import describe_assistant, optional_float
 from asr.cli.runtime import parse_offload, runtime_options, setup_runtime
 from asr.cli.transcribe import status_lines
 from asr.cli.transcribe_io import check_writable
@@ -95,7 +95,6 @@ def _run(chunks: Callable[[float], Iterator], name: str, *, wall_clock: bool, mo
          initial_prompt, step, trim_seconds, compression_ratio_threshold, vad, output_format, output_dir, device,
          dtype, offload, offload_folder, max_memory, threads, quiet) -> None:
     from asr.assist.choose import load_pair
-    from asr.cli.options import describe_assistant
     from asr.live import StreamingTranscriber
     from asr.options import TranscribeOptions
 

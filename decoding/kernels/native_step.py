@@ -186,6 +186,14 @@ class NativeStep:
         """Whether `rows_step` can run over `cache` (a row per window of this batch, contiguous buffers)."""
         return cache.keys.shape[1] == len(self.windows) and self._buffers_fit(cache)
 
+    def _fit(self, cache: StaticKVCache, rows: int, score_rows: int) -> None:
+        """The model's capacity set to `cache`'s, and scratch for `rows` rows and `score_rows` rows of scores."""
+        model = self.model
+        model.capacity = cache.keys.shape[3]
+        needed = rows * (6 * model.d + model.ffn) + score_rows * max(self.score_slots, model.capacity)
+        if self.scratch.numel() < needed:
+            self.scratch = torch.empty(needed)
+
     @staticmethod
     def _buffers_fit(cache: StaticKVCache) -> bool:
         return cache.keys.is_contiguous() and cache.values.is_contiguous() and cache.keys.dtype == torch.float32
@@ -198,14 +206,9 @@ class NativeStep:
         rows = input_ids.shape[0]
         threads = torch.get_num_threads()
         model = self.model
-        d = model.d
-        capacity = cache.keys.shape[3]
-        needed = rows * (6 * d + model.ffn) + threads * max(self.score_slots, capacity)
-        if self.scratch.numel() < needed:
-            self.scratch = torch.empty(needed)
-        model.capacity = capacity
+        self._fit(cache, rows, threads)  # one row of scores a thread: each attends for one row at a time
         ids, positions, first = (t.to(torch.int64).contiguous() for t in (input_ids, positions, first))
-        out = torch.empty(rows, d)
+        out = torch.empty(rows, model.d)
         native.library().decoder_step_windows(ctypes.addressof(model), ids.data_ptr(), positions.data_ptr(),
                                               first.data_ptr(), self.windows.data_ptr(), rows, slot,
                                               cache.keys.data_ptr(), cache.values.data_ptr(),
@@ -215,15 +218,10 @@ class NativeStep:
     def __call__(self, input_ids: torch.Tensor, cache: StaticKVCache, start: int, num_logits: int) -> torch.Tensor:
         width = input_ids.shape[1]
         ids = input_ids.reshape(-1).to(torch.int64).contiguous()
-        capacity = cache.keys.shape[3]
         threads = torch.get_num_threads()
         model = self.model
-        d = model.d
-        needed = width * (6 * d + model.ffn + threads * max(self.score_slots, capacity))
-        if self.scratch.numel() < needed:
-            self.scratch = torch.empty(needed)
-        model.capacity = capacity
-        out = torch.empty(num_logits, d)
+        self._fit(cache, width, width * threads)
+        out = torch.empty(num_logits, model.d)
         native.library().decoder_step(ctypes.addressof(model), ids.data_ptr(), width, start, cache.keys.data_ptr(),
                                     cache.values.data_ptr(), self.scratch.data_ptr(), out.data_ptr(), num_logits,
                                     threads)

@@ -439,6 +439,12 @@ static step_buffers carve(const step_model* m, float* scratch, int64_t rows) {
   return s;
 }
 
+/* x [d] = the token's embedding + the position's. */
+static void embed(const step_model* m, int64_t id, int64_t position, float* x) {
+  for (int64_t i = 0; i < m->d; ++i)
+    x[i] = weight_at(m->embed_tokens, id * m->d + i, (int)m->embed_kind) + m->embed_positions[position * m->d + i];
+}
+
 /* x += h (the residual), then h = layer_norm(x) where a norm is given. */
 static void add_and_norm(float* x, float* h, const float* w, const float* b, int64_t rows, int64_t d, float eps) {
   #pragma omp single
@@ -466,6 +472,21 @@ static void cross_queries(const step_model* m, const step_layer* L, float* x, fl
   step_product(&L->cross_q, h, qkv, rows);
 }
 
+/* Cross-attention of head g of stored window `window` for `rows` query rows q (stride d) into out (stride d): over
+ * the keys (tiles) and values step_layer points to, in the model's cross_kind. */
+static inline __attribute__((always_inline)) void cross_head(const step_model* m, const step_layer* L,
+                                                             int64_t window, int64_t g, const float* q, int64_t rows,
+                                                             float* scores, int64_t score_len, float* out) {
+  const int64_t d = m->d, hd = d / m->heads, T = m->frames;
+  int64_t k = window * m->window_k + g * ((T + 15) / 16 * 16 * hd), v = window * m->window_v + g * T * hd;
+  if (m->cross_kind == BF16)
+    attend_cross(q, d, (const uint16_t*)L->cross_k + k, (const uint16_t*)L->cross_v + v, T, BF16, hd, rows, scores,
+                 score_len, out, d);
+  else
+    attend_cross(q, d, (const float*)L->cross_k + k, (const float*)L->cross_v + v, T, F32, hd, rows, scores,
+                 score_len, out, d);
+}
+
 /* After the cross-attention (its output in a): the residual and the GELU MLP with its residual. */
 static void feed_forward(const step_model* m, const step_layer* L, float* x, float* h, const float* a, float* f,
                          int64_t rows) {
@@ -484,14 +505,11 @@ static void feed_forward(const step_model* m, const step_layer* L, float* x, flo
  * rows * (6 d + ffn + threads * max(frames rounded up to 16, capacity)) floats. Head dims multiples of 16. */
 void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t start, float* keys, float* values,
                 float* scratch, float* out, int64_t outputs, int threads) {
-  const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, T = m->frames;
+  const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity;
   step_buffers s = carve(m, scratch, rows);
   float *x = s.x, *h = s.h, *qkv = s.qkv, *a = s.a, *f = s.f, *score_base = s.scores;
   int64_t score_len = s.score_len;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < d; ++i)
-      x[r * d + i] = weight_at(m->embed_tokens, ids[r] * d + i, (int)m->embed_kind)
-                     + m->embed_positions[(start + r) * d + i];
+  for (int64_t r = 0; r < rows; ++r) embed(m, ids[r], start + r, x + r * d);
   #pragma omp parallel num_threads(threads)
   {
 #if defined(_OPENMP)
@@ -516,15 +534,7 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
                a + g * hd, d);
       cross_queries(m, L, x, h, a, qkv, rows);
       #pragma omp for schedule(static)
-      for (int64_t g = 0; g < H; ++g) {
-        int64_t tiled = (T + 15) / 16 * 16 * hd;  /* one head's keys, in tiles */
-        if (m->cross_kind == BF16)
-          attend_cross(qkv + g * hd, d, (const uint16_t*)L->cross_k + g * tiled,
-                       (const uint16_t*)L->cross_v + g * T * hd, T, BF16, hd, rows, scores, score_len, a + g * hd, d);
-        else
-          attend_cross(qkv + g * hd, d, (const float*)L->cross_k + g * tiled, (const float*)L->cross_v + g * T * hd,
-                       T, F32, hd, rows, scores, score_len, a + g * hd, d);
-      }
+      for (int64_t g = 0; g < H; ++g) cross_head(m, L, 0, g, qkv + g * hd, rows, scores, score_len, a + g * hd);
       feed_forward(m, L, x, h, a, f, rows);
     }
   }
@@ -542,15 +552,11 @@ void decoder_step(const step_model* m, const int64_t* ids, int64_t rows, int64_t
 void decoder_step_windows(const step_model* m, const int64_t* ids, const int64_t* positions, const int64_t* first,
                           const int64_t* stored, int64_t windows, int64_t slot, float* keys, float* values,
                           float* scratch, float* out, int threads) {
-  const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, T = m->frames, B = windows;
+  const int64_t d = m->d, H = m->heads, hd = d / H, cap = m->capacity, B = windows;
   step_buffers s = carve(m, scratch, B);
   float *x = s.x, *h = s.h, *qkv = s.qkv, *a = s.a, *f = s.f, *score_base = s.scores;
   int64_t score_len = s.score_len;
-  int64_t tiled = (T + 15) / 16 * 16 * hd;  /* one head's cross-attention keys, in tiles */
-  for (int64_t r = 0; r < B; ++r)
-    for (int64_t i = 0; i < d; ++i)
-      x[r * d + i] = weight_at(m->embed_tokens, ids[r] * d + i, (int)m->embed_kind)
-                     + m->embed_positions[positions[r] * d + i];
+  for (int64_t r = 0; r < B; ++r) embed(m, ids[r], positions[r], x + r * d);
   #pragma omp parallel num_threads(threads)
   {
 #if defined(_OPENMP)
@@ -580,14 +586,7 @@ void decoder_step_windows(const step_model* m, const int64_t* ids, const int64_t
       #pragma omp for schedule(static)
       for (int64_t i = 0; i < B * H; ++i) {
         int64_t r = i / H, g = i % H;
-        if (m->cross_kind == BF16)
-          attend_cross(qkv + r * d + g * hd, d, (const uint16_t*)L->cross_k + stored[r] * m->window_k + g * tiled,
-                       (const uint16_t*)L->cross_v + stored[r] * m->window_v + g * T * hd, T, BF16, hd, 1, scores,
-                       score_len, a + r * d + g * hd, d);
-        else
-          attend_cross(qkv + r * d + g * hd, d, (const float*)L->cross_k + stored[r] * m->window_k + g * tiled,
-                       (const float*)L->cross_v + stored[r] * m->window_v + g * T * hd, T, F32, hd, 1, scores,
-                       score_len, a + r * d + g * hd, d);
+        cross_head(m, L, stored[r], g, qkv + r * d + g * hd, 1, scores, score_len, a + r * d + g * hd);
       }
       feed_forward(m, L, x, h, a, f, B);
     }
