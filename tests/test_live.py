@@ -251,6 +251,7 @@ def test_stream_command_with_vad_decodes_no_silence(tiny_whisper_folder: Path, t
     (["--step", "0"], "--step must be from 0.1 to 10 seconds, got 0"),
     (["-f", "srt"], "-f srt writes the transcript when the stream ends: give -o DIR"),
     (["--input-rate", "5"], "--input-rate must be from 1000 to 768000 Hz, got 5"),
+    (["--compression-ratio-threshold", "0"], "compression ratio threshold must be > 0, got 0.0"),
 ])
 def test_bad_stream_options_are_one_line(tiny_whisper_folder: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, ["stream", "-", "--model", str(tiny_whisper_folder), *args], input=b"")
