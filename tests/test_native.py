@@ -33,18 +33,31 @@ def test_products_match_float64(seed: int) -> None:
     assert ((got.double() - expected).abs() <= 4 * in_features * 2.0 ** -24 * scale + 1e-30).all()
 
 
-def test_each_row_is_the_same_alone_with_others_and_with_any_threads() -> None:
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(4, 512, generator=generator)
-    weight = torch.randn(2048, 512, generator=generator)
-    bias = torch.randn(2048, generator=generator)
-    together = native.rowdot(x, weight, bias)
-    for i in range(4):
-        assert torch.equal(native.rowdot(x[i:i + 1], weight, bias)[0], together[i])
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("rows, out_features, in_features", [(4, 2048, 512), (11, 2051, 777), (21, 37, 100),
+                                                             (3, 16, 64), (6, 48, 7)])
+def test_each_row_is_the_same_alone_with_others_and_with_any_threads(kind: str, rows: int, out_features: int,
+                                                                     in_features: int) -> None:
+    # One or two rows take each weight row in turn, more take tiles of 16 weight rows (and the rows past the
+    # last tile one by one): every row gets the same bits either way.
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    scale = None
+    if kind == "int8":
+        weight, scale = torch.randint(-127, 128, weight.shape, generator=generator, dtype=torch.int8), \
+            torch.rand(out_features, generator=generator)
+    elif kind == "bfloat16":
+        weight = weight.to(torch.bfloat16)
+    bias = torch.randn(out_features, generator=generator)
+    together = native.rowdot(x, weight, bias, scale)
+    for i in range(rows):
+        assert torch.equal(native.rowdot(x[i:i + 1], weight, bias, scale)[0], together[i])
+    assert torch.equal(native.rowdot(x[1:3], weight, bias, scale), together[1:3])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(native.rowdot(x, weight, bias), together)
+        assert torch.equal(native.rowdot(x, weight, bias, scale), together)
     finally:
         torch.set_num_threads(threads)
 

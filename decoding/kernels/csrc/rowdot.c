@@ -77,10 +77,43 @@ static inline float lanes(v16 s) {
   return t;
 }
 
-/* One dot product of a weight row with an activation row, in the order every caller shares: four 16-lane
- * accumulators over k, then their lanes, then the tail. */
-static inline __attribute__((always_inline)) float dot(const void* w, const float* x, int64_t K, int kind) {
-  int64_t body = K - K % 64;
+/* lanes() of 16 vectors at once: out[j] = lanes(s[j]), every sum in the same order (lane 0 first), so the same
+ * bits. A 16 x 16 transpose turns sixteen chains of scalar additions into sixteen vector additions. */
+static inline v16 lanes16(const v16* s) {
+#if defined(__AVX512F__)
+  __m512 t[16], u[16], col[16];
+  for (int i = 0; i < 16; i += 2) { /* per 128-bit lane: rows i, i + 1 interleaved */
+    t[i] = _mm512_unpacklo_ps((__m512)s[i], (__m512)s[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps((__m512)s[i], (__m512)s[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4) { /* u[g + c]: rows g..g + 3 of columns c, c + 4, c + 8, c + 12 */
+    u[g] = _mm512_shuffle_ps(t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) { /* col[j]: column j of every row */
+    __m512 even = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), odd = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+    __m512 even2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    __m512 odd2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    col[c] = _mm512_shuffle_f32x4(even, even2, 0x88);
+    col[c + 8] = _mm512_shuffle_f32x4(even, even2, 0xDD);
+    col[c + 4] = _mm512_shuffle_f32x4(odd, odd2, 0x88);
+    col[c + 12] = _mm512_shuffle_f32x4(odd, odd2, 0xDD);
+  }
+  __m512 sum = _mm512_setzero_ps();
+  for (int j = 0; j < 16; ++j) sum = _mm512_add_ps(sum, col[j]);
+  return (v16)sum;
+#else
+  v16 out;
+  for (int j = 0; j < 16; ++j) out[j] = lanes(s[j]);
+  return out;
+#endif
+}
+
+/* The body of a dot product (k below `body`, a multiple of 64) in the order every caller shares: four 16-lane
+ * accumulators over k, folded as (a0 + a1) + (a2 + a3); its lanes are summed next, then the tail. */
+static inline __attribute__((always_inline)) v16 fold(const void* w, const float* x, int64_t body, int kind) {
   v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
   for (int64_t k = 0; k < body; k += 64) {
     a0 += weights(w, k, kind) * load_f32(x + k);
@@ -88,16 +121,12 @@ static inline __attribute__((always_inline)) float dot(const void* w, const floa
     a2 += weights(w, k + 32, kind) * load_f32(x + k + 32);
     a3 += weights(w, k + 48, kind) * load_f32(x + k + 48);
   }
-  float t = lanes((a0 + a1) + (a2 + a3));
-  /* fmaf: the tail's rounding is then the same for every weight type, whatever the compiler contracts. */
-  for (int64_t k = body; k < K; ++k) t = __builtin_fmaf(weight_at(w, k, kind), x[k], t);
-  return t;
+  return (a0 + a1) + (a2 + a3);
 }
 
-/* Two dot products over one weight row, each in exactly dot()'s order (the same bits), reading the weight once. */
-static inline __attribute__((always_inline)) void dot2(const void* w, const float* x0, const float* x1, int64_t K,
-                                                       float* t0, float* t1, int kind) {
-  int64_t body = K - K % 64;
+/* fold() of one weight row with two activation rows, reading the weight once (the same bits as two folds). */
+static inline __attribute__((always_inline)) void fold2(const void* w, const float* x0, const float* x1,
+                                                        int64_t body, int kind, v16* f0, v16* f1) {
   v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
   for (int64_t k = 0; k < body; k += 64) {
     v16 w0 = weights(w, k, kind), w1 = weights(w, k + 16, kind), w2 = weights(w, k + 32, kind),
@@ -111,14 +140,21 @@ static inline __attribute__((always_inline)) void dot2(const void* w, const floa
     c2 += w2 * load_f32(x1 + k + 32);
     c3 += w3 * load_f32(x1 + k + 48);
   }
-  float s0 = lanes((a0 + a1) + (a2 + a3)), s1 = lanes((c0 + c1) + (c2 + c3));
-  for (int64_t k = body; k < K; ++k) {
-    float wk = weight_at(w, k, kind);
-    s0 = __builtin_fmaf(wk, x0[k], s0);
-    s1 = __builtin_fmaf(wk, x1[k], s1);
-  }
-  *t0 = s0;
-  *t1 = s1;
+  *f0 = (a0 + a1) + (a2 + a3);
+  *f1 = (c0 + c1) + (c2 + c3);
+}
+
+/* The tail of a dot product past `body`, after its lanes: fmaf, so that its rounding is the same for every weight
+ * type, whatever the compiler contracts. */
+static inline float tail(const void* w, const float* x, int64_t body, int64_t K, int kind, float t) {
+  for (int64_t k = body; k < K; ++k) t = __builtin_fmaf(weight_at(w, k, kind), x[k], t);
+  return t;
+}
+
+/* One dot product of a weight row with an activation row: fold(), its lanes, the tail. */
+static inline __attribute__((always_inline)) float dot(const void* w, const float* x, int64_t K, int kind) {
+  int64_t body = K - K % 64;
+  return tail(w, x, body, K, kind, lanes(fold(w, x, body, kind)));
 }
 
 static inline float finish(float t, const float* scale, const float* b, int64_t n) {
@@ -126,7 +162,22 @@ static inline float finish(float t, const float* scale, const float* b, int64_t 
   return b ? v + b[n] : v;
 }
 
-/* y[m, n] = scale[n] * (x[m, :] . w[n, :]) + b[n] for every m, two rows at a time (scale, b optional). */
+static inline const void* weight_row(const void* w, int64_t n, int64_t K, int kind) {
+  return kind == I8 ? (const void*)((const int8_t*)w + n * K)
+         : kind == BF16 ? (const void*)((const uint16_t*)w + n * K) : (const void*)((const float*)w + n * K);
+}
+
+/* dot() of one weight row with two activation rows, reading the weight once (the same bits). */
+static inline __attribute__((always_inline)) void dot2(const void* w, const float* x0, const float* x1, int64_t K,
+                                                       float* t0, float* t1, int kind) {
+  int64_t body = K - K % 64;
+  v16 f0, f1;
+  fold2(w, x0, x1, body, kind, &f0, &f1);
+  *t0 = tail(w, x0, body, K, kind, lanes(f0));
+  *t1 = tail(w, x1, body, K, kind, lanes(f1));
+}
+
+/* y[m, n] = scale[n] * (x[m, :] . w[n, :]) + b[n] for every m (scale, b optional), two rows at a time. */
 static inline __attribute__((always_inline)) void row_products(const void* w, const float* x, const float* scale,
                                                                const float* b, float* y, int64_t n, int64_t M,
                                                                int64_t N, int64_t K, int kind) {
@@ -140,24 +191,103 @@ static inline __attribute__((always_inline)) void row_products(const void* w, co
   if (m < M) y[m * N + n] = finish(dot(w, x + m * K, K, kind), scale, b, n);
 }
 
-/* Each thread streams its own contiguous block of weight rows once. */
+enum { BLOCK_N = 16, TILE_M = 4, TILE_N = 4 }; /* weight rows whose lanes are summed together; a tile's rows */
+
+/* One of dot()'s four accumulators (the lanes at k = phase mod 64) for `rows` (1..TILE_M, a constant where inlined)
+ * activation rows x and TILE_N weight rows w[j]: acc[r][j] += w[j][k..] * x[r][k..] over k in order, exactly as
+ * dot() adds them. Holding one accumulator per pair, a tile reads each weight and activation vector once for
+ * rows x TILE_N products. */
+static inline __attribute__((always_inline)) void tile_phase(const void* const* w, const float* x, int64_t K,
+                                                             int64_t body, int64_t phase, int kind, int rows,
+                                                             v16 acc[TILE_M][TILE_N]) {
+  v16 a[TILE_M][TILE_N];
+  for (int r = 0; r < TILE_M; ++r)
+    for (int j = 0; j < TILE_N; ++j) a[r][j] = (v16){0};
+  for (int64_t k = phase; k < body; k += 64) {
+    v16 wv[TILE_N];
+    for (int j = 0; j < TILE_N; ++j) wv[j] = weights(w[j], k, kind);
+    for (int r = 0; r < rows; ++r) {
+      v16 xv = load_f32(x + r * K + k);
+      for (int j = 0; j < TILE_N; ++j) a[r][j] += wv[j] * xv;
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < TILE_N; ++j) acc[r][j] = a[r][j];
+}
+
+/* fold() of TILE_N weight rows with `rows` activation rows into folded[r][j] (the same bits): each accumulator
+ * in turn, then (a0 + a1) + (a2 + a3). */
+static inline __attribute__((always_inline)) void tile_fold(const void* const* w, const float* x, int64_t K,
+                                                            int64_t body, int kind, int rows,
+                                                            v16 folded[TILE_M][BLOCK_N], int j0) {
+  v16 part[4][TILE_M][TILE_N];
+  for (int c = 0; c < 4; ++c) tile_phase(w, x, K, body, 16 * c, kind, rows, part[c]);
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < TILE_N; ++j)
+      folded[r][j0 + j] = (part[0][r][j] + part[1][r][j]) + (part[2][r][j] + part[3][r][j]);
+}
+
+/* row_products() for the 16 weight rows from n0 on (w points to row n0), the same bits: tiles of activation rows
+ * and weight rows fold their products, then sixteen outputs' lanes are summed at once (lanes16). */
+static inline __attribute__((always_inline)) void block_products(const void* w, const float* x, const float* scale,
+                                                                 const float* b, float* y, int64_t n0, int64_t M,
+                                                                 int64_t N, int64_t K, int kind) {
+  int64_t body = K - K % 64;
+  v16 folded[TILE_M][BLOCK_N];
+  for (int64_t m0 = 0; m0 < M; m0 += TILE_M) {
+    int rows = M - m0 < TILE_M ? (int)(M - m0) : TILE_M;
+    const float* xm = x + m0 * K;
+    for (int j0 = 0; j0 < BLOCK_N; j0 += TILE_N) {
+      const void* wj[TILE_N];
+      for (int j = 0; j < TILE_N; ++j) wj[j] = weight_row(w, j0 + j, K, kind);
+      switch (rows) { /* a constant row count for each inlined copy */
+        case 1: tile_fold(wj, xm, K, body, kind, 1, folded, j0); break;
+        case 2: tile_fold(wj, xm, K, body, kind, 2, folded, j0); break;
+        case 3: tile_fold(wj, xm, K, body, kind, 3, folded, j0); break;
+        default: tile_fold(wj, xm, K, body, kind, 4, folded, j0); break;
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      v16 sums = lanes16(folded[r]);
+      for (int j = 0; j < BLOCK_N; ++j)
+        y[(m0 + r) * N + n0 + j] = finish(tail(weight_row(w, j, K, kind), xm + r * K, body, K, kind, sums[j]), scale,
+                                          b, n0 + j);
+    }
+  }
+}
+
+/* y = x . w^T for every row of x (scale, b optional), inside a parallel region: the threads share out the weight
+ * rows, each streamed once. One or two rows take each weight row in turn (a step, memory-bound); more take blocks of
+ * 16 weight rows in tiles (block_products, about twice as fast from 4 rows on); the bits are the same either way. */
+static inline __attribute__((always_inline)) void products(const void* w, const float* x, const float* scale,
+                                                           const float* b, float* y, int64_t M, int64_t N, int64_t K,
+                                                           int kind) {
+  int64_t blocks = M > 2 ? N / BLOCK_N : 0;
+  #pragma omp for schedule(static) nowait
+  for (int64_t i = 0; i < blocks; ++i)
+    block_products(weight_row(w, i * BLOCK_N, K, kind), x, scale, b, y, i * BLOCK_N, M, N, K, kind);
+  #pragma omp for schedule(static)
+  for (int64_t n = blocks * BLOCK_N; n < N; ++n)
+    row_products(weight_row(w, n, K, kind), x, scale, b, y, n, M, N, K, kind);
+}
+
 void rowdot_f32(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                 int threads) {
-  #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t n = 0; n < N; ++n) row_products(w + n * K, x, NULL, b, y, n, M, N, K, F32);
+  #pragma omp parallel num_threads(threads)
+  products(w, x, NULL, b, y, M, N, K, F32);
 }
 
 void rowdot_bf16(const float* x, const uint16_t* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                  int threads) {
-  #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t n = 0; n < N; ++n) row_products(w + n * K, x, NULL, b, y, n, M, N, K, BF16);
+  #pragma omp parallel num_threads(threads)
+  products(w, x, NULL, b, y, M, N, K, BF16);
 }
 
 /* Weight-only int8 with one scale per output row: y = scale[n] * (x . w_int8[n]) + b[n]. */
 void rowdot_i8(const float* x, const int8_t* w, const float* scale, const float* b, float* y, int64_t M, int64_t N,
                int64_t K, int threads) {
-  #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t n = 0; n < N; ++n) row_products(w + n * K, x, scale, b, y, n, M, N, K, I8);
+  #pragma omp parallel num_threads(threads)
+  products(w, x, scale, b, y, M, N, K, I8);
 }
 
 /* Attention of a few query rows over many keys, per group g of G (a window's head), all float32 and contiguous:
@@ -249,15 +379,9 @@ static inline float hsum(v16 s) {
 
 /* out = x . w (+ b) for rows of x, weight rows shared out among the threads (inside a parallel region). */
 static void step_product(const step_linear* l, const float* x, float* y, int64_t rows) {
-  #pragma omp for schedule(static)
-  for (int64_t n = 0; n < l->n; ++n) {
-    const void* w = l->kind == I8 ? (const void*)((const int8_t*)l->w + n * l->k)
-                    : l->kind == BF16 ? (const void*)((const uint16_t*)l->w + n * l->k)
-                                      : (const void*)((const float*)l->w + n * l->k);
-    if (l->kind == I8) row_products(w, x, l->scale, l->bias, y, n, rows, l->n, l->k, I8);
-    else if (l->kind == BF16) row_products(w, x, NULL, l->bias, y, n, rows, l->n, l->k, BF16);
-    else row_products(w, x, NULL, l->bias, y, n, rows, l->n, l->k, F32);
-  }
+  if (l->kind == I8) products(l->w, x, l->scale, l->bias, y, rows, l->n, l->k, I8);
+  else if (l->kind == BF16) products(l->w, x, NULL, l->bias, y, rows, l->n, l->k, BF16);
+  else products(l->w, x, NULL, l->bias, y, rows, l->n, l->k, F32);
 }
 
 static void layer_norm_rows(const float* x, const float* g, const float* b, float* y, int64_t rows, int64_t d,
@@ -326,32 +450,68 @@ static void softmax_row(float* s, int64_t n) {
 }
 #endif
 
+/* out[r0 + r] = sum_t scores[r0 + r, t] values[t] for the `block` rows from r0 (1..BLOCK_ROWS) and the `chunks`
+ * vectors of features from k0 (1..4), both constants where inlined so that the sums stay in registers, over t in
+ * [from, to): from 0, or on from the sums already in out (a span at a time). Each value vector is read once for the
+ * block, and every output element sums over t in order. */
+static inline __attribute__((always_inline)) void value_block(const float* scores, int64_t stride,
+                                                              const void* values, int64_t visible, int causal,
+                                                              int kind, int64_t hd, int64_t r0, int block,
+                                                              int64_t from, int64_t to, int64_t k0, int chunks,
+                                                              float* out, int64_t out_stride) {
+  v16 a[BLOCK_ROWS][4];
+  for (int r = 0; r < block; ++r)
+    for (int c = 0; c < chunks; ++c) {
+      if (from == 0) a[r][c] = (v16){0};
+      else memcpy(&a[r][c], out + (r0 + r) * out_stride + k0 + 16 * c, sizeof(v16));
+    }
+  for (int64_t t = from; t < to; ++t) {
+    v16 w[4];
+    for (int c = 0; c < chunks; ++c) w[c] = weights(values, t * hd + k0 + 16 * c, kind);
+    for (int r = 0; r < block; ++r) {
+      if (causal && t >= visible + r0 + r) continue;
+      float p = scores[(r0 + r) * stride + t];
+      for (int c = 0; c < chunks; ++c) a[r][c] += p * w[c];
+    }
+  }
+  for (int r = 0; r < block; ++r)
+    for (int c = 0; c < chunks; ++c) memcpy(out + (r0 + r) * out_stride + k0 + 16 * c, &a[r][c], sizeof(v16));
+}
+
+/* Frames a span of the cross-attention takes for every block of rows before the next: a head's keys (or values)
+ * for them, 128 KB in float32, then stay in the L2 cache, not read again from memory for each block. */
+enum { SPAN_FRAMES = 512 };
+
 /* out[r] = sum_t scores[r, t] values[t] for rows r of one head (values [count, hd], float32 or bfloat16), row r
- * over its first visible + r values (causal) or all count of them. Each block of BLOCK_ROWS rows reads each value
- * row once, 64 features at a time; every output element sums over t in order, whatever the row count. */
+ * over its first visible + r values (causal) or all count of them. Blocks of BLOCK_ROWS rows read each value row
+ * once a span, 64 features at a time; every output element sums over t in order, whatever the row count. */
 static inline __attribute__((always_inline)) void weighted_values(const float* scores, int64_t stride,
                                                                   const void* values, int64_t count,
                                                                   int64_t visible, int causal, int kind, int64_t hd,
                                                                   int64_t rows, float* out, int64_t out_stride) {
-  for (int64_t r0 = 0; r0 < rows; r0 += BLOCK_ROWS) {
-    int64_t block = rows - r0 < BLOCK_ROWS ? rows - r0 : BLOCK_ROWS;
-    int64_t seen = causal ? visible + r0 + block - 1 : count;  /* the values the block's last row sees */
-    for (int64_t k0 = 0; k0 < hd; k0 += 64) {
-      int64_t chunks = hd - k0 < 64 ? (hd - k0) / 16 : 4;
-      v16 a[BLOCK_ROWS][4] = {{{0}}};
-      for (int64_t t = 0; t < seen; ++t) {
-        v16 w[4];
-        for (int64_t c = 0; c < chunks; ++c) w[c] = weights(values, t * hd + k0 + 16 * c, kind);
-        for (int64_t r = 0; r < block; ++r) {
-          if (causal && t >= visible + r0 + r) continue;
-          float p = scores[(r0 + r) * stride + t];
-          for (int64_t c = 0; c < chunks; ++c) a[r][c] += p * w[c];
+  for (int64_t from = 0; from < count || from == 0; from += SPAN_FRAMES)
+    for (int64_t r0 = 0; r0 < rows; r0 += BLOCK_ROWS) {
+      int block = rows - r0 < BLOCK_ROWS ? (int)(rows - r0) : BLOCK_ROWS;
+      int64_t seen = causal ? visible + r0 + block - 1 : count;  /* the values the block's last row sees */
+      int64_t to = seen - from < SPAN_FRAMES ? seen : from + SPAN_FRAMES;
+      if (to < from) to = from;
+      for (int64_t k0 = 0; k0 < hd; k0 += 64) {
+        int chunks = hd - k0 < 64 ? (int)(hd - k0) / 16 : 4;
+#define VALUES(B, C) value_block(scores, stride, values, visible, causal, kind, hd, r0, B, from, to, k0, C, out, \
+                                 out_stride)
+        if (chunks == 4) {
+          switch (block) {
+            case 1: VALUES(1, 4); break;
+            case 2: VALUES(2, 4); break;
+            case 3: VALUES(3, 4); break;
+            default: VALUES(4, 4); break;
+          }
+        } else {
+          VALUES(block, chunks);
         }
+#undef VALUES
       }
-      for (int64_t r = 0; r < block; ++r)
-        for (int64_t c = 0; c < chunks; ++c) memcpy(out + (r0 + r) * out_stride + k0 + 16 * c, &a[r][c], sizeof(v16));
     }
-  }
 }
 
 /* Self-attention of one head: out[r] = softmax(q[r] . keys / sqrt(hd)) . values, keys and values [count, hd]
@@ -377,9 +537,9 @@ static inline __attribute__((always_inline)) void attend(const float* q, int64_t
 /* Scores of `block` (1..BLOCK_ROWS, a constant where inlined) query rows over keys in tiles of 16 frames
  * (step_layer's cross_k layout): each score sums q[k] key[k] over k in order, in its own lane. */
 static inline __attribute__((always_inline)) void tile_scores(const float* q, int64_t q_stride, const void* tiles,
-                                                              int64_t tile_count, int kind, int64_t hd, int block,
-                                                              float scale, float* scores, int64_t stride) {
-  for (int64_t tile = 0; tile < tile_count; ++tile) {
+                                                              int64_t first, int64_t last, int kind, int64_t hd,
+                                                              int block, float scale, float* scores, int64_t stride) {
+  for (int64_t tile = first; tile < last; ++tile) {
     v16 a[BLOCK_ROWS] = {{0}};
     for (int64_t k = 0; k < hd; ++k) {
       v16 w = weights(tiles, (tile * hd + k) * 16, kind);
@@ -399,15 +559,18 @@ static inline __attribute__((always_inline)) void attend_cross(const float* q, i
                                                                int64_t hd, int64_t rows, float* scores,
                                                                int64_t stride, float* out, int64_t out_stride) {
   float scale = 1.f / sqrtf((float)hd);
-  int64_t tile_count = (count + 15) / 16;
-  for (int64_t r0 = 0; r0 < rows; r0 += BLOCK_ROWS) {
-    const float* qb = q + r0 * q_stride;
-    float* sb = scores + r0 * stride;
-    switch (rows - r0 < BLOCK_ROWS ? rows - r0 : BLOCK_ROWS) {
-      case 1: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 1, scale, sb, stride); break;
-      case 2: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 2, scale, sb, stride); break;
-      case 3: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 3, scale, sb, stride); break;
-      default: tile_scores(qb, q_stride, tiles, tile_count, kind, hd, 4, scale, sb, stride); break;
+  int64_t tile_count = (count + 15) / 16, span = SPAN_FRAMES / 16;
+  for (int64_t first = 0; first < tile_count; first += span) {
+    int64_t last = tile_count - first < span ? tile_count : first + span;
+    for (int64_t r0 = 0; r0 < rows; r0 += BLOCK_ROWS) {
+      const float* qb = q + r0 * q_stride;
+      float* sb = scores + r0 * stride;
+      switch (rows - r0 < BLOCK_ROWS ? rows - r0 : BLOCK_ROWS) {
+        case 1: tile_scores(qb, q_stride, tiles, first, last, kind, hd, 1, scale, sb, stride); break;
+        case 2: tile_scores(qb, q_stride, tiles, first, last, kind, hd, 2, scale, sb, stride); break;
+        case 3: tile_scores(qb, q_stride, tiles, first, last, kind, hd, 3, scale, sb, stride); break;
+        default: tile_scores(qb, q_stride, tiles, first, last, kind, hd, 4, scale, sb, stride); break;
+      }
     }
   }
   for (int64_t r = 0; r < rows; ++r) softmax_row(scores + r * stride, count);
