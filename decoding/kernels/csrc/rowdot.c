@@ -240,6 +240,13 @@ static inline __attribute__((always_inline)) void block_products(const void* w, 
     for (int j0 = 0; j0 < BLOCK_N; j0 += TILE_N) {
       const void* wj[TILE_N];
       for (int j = 0; j < TILE_N; ++j) wj[j] = weight_row(w, j0 + j, K, kind);
+      /* The next TILE_N weight rows (the next block's first ones after the last) are read a line in four at a time
+       * below, which a hardware prefetcher need not follow: fetched ahead here, each line once. */
+      if (m0 == 0) {
+        const char* next = (const char*)weight_row(w, j0 + TILE_N, K, kind);
+        int64_t bytes = TILE_N * K * (kind == F32 ? 4 : kind == BF16 ? 2 : 1);
+        for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(next + at, 0, 3);
+      }
       switch (rows) { /* a constant row count for each inlined copy */
         case 1: tile_fold(wj, xm, K, body, kind, 1, folded, j0); break;
         case 2: tile_fold(wj, xm, K, body, kind, 2, folded, j0); break;
