@@ -12,7 +12,7 @@ PACKAGES = ("asr", "audio", "decoding", "eval")
 MAX_LINES = 400
 # The transcription core reads better whole, top to bottom (faster-whisper's `transcribe.py` is one module too):
 # its public functions, the run's two paths over one window decoder, and each audio's state.
-LONGER = {"asr/transcription.py": 520}
+LONGER: dict[str, int] = {}
 # Modules in one folder, `__init__.py` aside.
 MAX_MODULES = 12
 
@@ -139,7 +139,7 @@ def test_no_import_cycle_anywhere() -> None:
 
 def test_options_are_never_rewritten_in_place() -> None:
     offenders = [name for name, path in _modules() if "object.__setattr__" in path.read_text(encoding="utf-8")
-                 and name.startswith(("asr.options", "asr.cli", "asr.transcription"))]
+                 and name.startswith(("asr.options", "asr.cli", "asr.transcription", "asr.window_decoder"))]
     assert offenders == []
 
 

@@ -195,17 +195,17 @@ def test_word_timestamps_hold_the_segments_words(scripted) -> None:
 def test_every_window_of_a_long_recording_is_normalised_as_the_whole_file(model, scripted, monkeypatch) -> None:
     """The sequential algorithm gives each window its recording's floor (`audio.recording_floor`, openai-whisper's
     whole-file clamp), computed once per recording; a recording of one window keeps its own."""
-    import asr.transcription
+    import asr.window_decoder
     from audio import recording_floor
 
     calls = []
-    log_mel = asr.transcription.log_mel
+    log_mel = asr.window_decoder.log_mel
 
     def recording(clips, n_mels, floors=None, **options):
         calls.append(list(floors))
         return log_mel(clips, n_mels, floors=floors, **options)
 
-    monkeypatch.setattr(asr.transcription, "log_mel", recording)
+    monkeypatch.setattr(asr.window_decoder, "log_mel", recording)
     long, short = synthetic(3), synthetic(0)
     long[-10 * SAMPLE_RATE:] *= 0.05  # a quiet end
     transcribe_many(model, [long, short], GREEDY)

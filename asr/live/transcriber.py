@@ -326,7 +326,7 @@ class StreamingTranscriber:
 @contextlib.contextmanager
 def _without_fallback_warnings() -> Iterator[None]:
     """A stream decodes at temperature 0 alone: a window that fails the fallback checks is no news there."""
-    logger = logging.getLogger("asr.transcription")
+    logger = logging.getLogger("asr.window_decoder")
 
     def keep(record: logging.LogRecord) -> bool:
         return "failed the fallback checks" not in record.getMessage()
