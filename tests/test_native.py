@@ -38,7 +38,7 @@ def test_products_match_float64(seed: int) -> None:
                                                              (3, 16, 64), (6, 48, 7)])
 def test_each_row_is_the_same_alone_with_others_and_with_any_threads(kind: str, rows: int, out_features: int,
                                                                      in_features: int) -> None:
-    # One or two rows take each weight row in turn, more take tiles of 16 weight rows (and the rows past the
+    # One row takes each weight row in turn, more take tiles of 16 weight rows (and the weight rows past the
     # last tile one by one): every row gets the same bits either way.
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, in_features, generator=generator)

@@ -244,8 +244,8 @@ static inline __attribute__((always_inline)) void block_products(const void* w, 
        * below, which a hardware prefetcher need not follow: fetched ahead here, each line once. */
       if (m0 == 0) {
         const char* next = (const char*)weight_row(w, j0 + TILE_N, K, kind);
-        int64_t bytes = TILE_N * K * (kind == F32 ? 4 : kind == BF16 ? 2 : 1);
-        for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(next + at, 0, 3);
+        const char* end = (const char*)weight_row(w, j0 + 2 * TILE_N, K, kind);
+        for (const char* at = next; at < end; at += 64) __builtin_prefetch(at, 0, 3);
       }
       switch (rows) { /* a constant row count for each inlined copy */
         case 1: tile_fold(wj, xm, K, body, kind, 1, folded, j0); break;
