@@ -61,6 +61,23 @@ def test_reference_draft_follows_finds_again_and_falls_back() -> None:
     assert fallback.updates == 1 and fallback.proposed == [[2]]
 
 
+def test_reference_draft_proposes_more_after_a_lookup_once_its_proposals_are_kept() -> None:
+    draft = ReferenceDraft(list(range(1, 31)), resync_k=2, growth=4)
+    draft.begin([[99]], SamplingOptions(), None)
+    row = [99, 1, 2, 50, 4]  # parted at 3, then found again at 4
+    assert draft.propose([row], [23], None)[0].tokens == [5, 6]
+    row += [5, 6, 7]  # both kept, and the model's own 7
+    draft.update([row], [2])
+    assert draft.propose([row], [23], None)[0].tokens == list(range(8, 16))  # four times as many
+    row += [8, 9, 60]  # two kept, then parted
+    draft.update([row], [2])
+    row += [13]
+    draft.update([row], [0])
+    assert draft.propose([row], [23], None)[0].tokens == [14, 15]  # found again: short, as the last was not whole
+    assert draft.propose([[99, 1, 50, 29]], [23], None)[0].tokens == []  # a lookup that lands on the last token
+    assert draft.propose([[99, *range(1, 30)]], [23], None)[0].tokens == [30]  # which a prefix proposes
+
+
 def test_moved_reference_starts_after_the_segment_that_ends_at_the_cut() -> None:
     begin = 50364
     tokens = [begin, 11, 12, begin + 100, begin + 100, 13, begin + 150]  # <0.00> a b <2.00><2.00> c <3.00>

@@ -8,9 +8,9 @@ from typing import Callable, Sequence
 from asr.whisper.window import WindowContext
 from decoding import DraftSource, ReferenceDraft
 
-# Tokens a round may draft from the last hypothesis: most of them are kept, and on a CPU a pass that checks
-# 16 tokens costs little more than one that checks a few (32 were no faster: p002, 40 updates).
-REFERENCE_K = 16
+# Tokens a round may draft from the last hypothesis: most of them are kept, and on a CPU a check's cost grows
+# slowly past a few tokens; 23 is the most one native call checks (`decoding.kernels.native_step`).
+REFERENCE_K = 23
 
 
 class HypothesisAssistant:
