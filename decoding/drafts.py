@@ -221,9 +221,8 @@ class ReferenceDraft:
     be `growth` times as long (up to the round's k), so a row that has found the reference again soon drafts as
     a prefix does. A lookup that lands on the reference's last token proposes nothing: where the output parted
     from the reference, its end is what repeats least (a live hypothesis ends in the timestamp where its audio
-    ended, which the next decode moves). Replaying live decodes of the sonnets and of VoxPopuli (their rounds'
-    tokens, priced by the widths of docs/figures/native-widths-xeon.md) this cost 12 % and 6 % fewer model passes
-    than lookups proposing 8 tokens each time.
+    ended, which the next decode moves). In live decodes of the sonnets and of VoxPopuli this took 6 % and 2 %
+    less of the model's time than proposing 8 tokens after every lookup (docs/live.md).
 
     Args:
         reference: the tokens expected after the prompt, for every row.
