@@ -71,6 +71,7 @@ def test_reference_draft_proposes_more_after_a_lookup_once_its_proposals_are_kep
     assert draft.propose([row], [23], None)[0].tokens == list(range(8, 16))  # four times as many
     row += [8, 9, 60]  # two kept, then parted
     draft.update([row], [2])
+    assert draft.propose([row], [23], None)[0].tokens == []  # 60 is nowhere in the reference
     row += [13]
     draft.update([row], [0])
     assert draft.propose([row], [23], None)[0].tokens == [14, 15]  # found again: short, as the last was not whole
