@@ -10,7 +10,8 @@ committed words must be equal, and the decoder's seconds compare), updated in tu
 machine's load falls on both alike; then two with `--realtime` (audio arrives at
 its own pace; latency from a word's end in the audio to its commit, wall clock). 2 threads, `base`. Decoder
 seconds: the passes that make the tokens, drafting included (not the encoder, nor the word-alignment pass).
-"Drafting" is what `asr stream` does by default: the last hypothesis, then the assistant `auto` picks.
+"Drafting" is what `asr stream` does by default: the last hypothesis, then the assistant `auto` picks
+(`--assistant` another, or none: the last hypothesis alone).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "int8"])
     parser.add_argument("--runs", default="stepped,realtime", help="stepped, realtime or both (comma-separated)")
     parser.add_argument("--vad", action="store_true", help="streams with voice activity detection (--vad)")
+    parser.add_argument("--assistant", default="auto", help="what drafts after the last hypothesis "
+                        "(`asr stream --assistant`; none: the hypothesis alone)")
     parser.add_argument("--out", default=str(figure_path("live")))
     args = parser.parse_args()
     use_threads(args.threads)
@@ -90,7 +93,7 @@ def main() -> None:
 
     precision = torch.float32 if args.dtype == "float32" else "int8"
     bundle = load_model("base", dtype=precision)
-    assistant = make_assistant("auto", bundle, dtype=precision)  # after the last hypothesis; None: that alone
+    assistant = make_assistant(args.assistant, bundle, dtype=precision)  # after the last hypothesis; None: that alone
     runs = [run == "realtime" for run in ("stepped", "realtime") if run in args.runs.split(",")]
     results = []
     for name in args.files:
@@ -117,7 +120,7 @@ def main() -> None:
                                                    / max(found["stepped_drafting"]["decoder_seconds"], 1e-9), 2)
         results.append(found)
     write_figures(args.out, {"files": results, "step": args.step, "threads": args.threads, "dtype": args.dtype,
-                             "vad": args.vad},
+                             "vad": args.vad, "assistant": args.assistant},
                   _table(results),
                   command_line())
 
@@ -130,7 +133,8 @@ def _table(results: list[dict]) -> str:
             if key not in found:
                 continue
             s = found[key]
-            lines.append(f"| {found['file']} ({found['seconds']} s) | {key.replace('_', ', ')} | {s['wer']} "
+            run = key.replace("_", ", ") + (f" ({s['assistant']})" if key.endswith("drafting") else "")
+            lines.append(f"| {found['file']} ({found['seconds']} s) | {run} | {s['wer']} "
                          f"({found['offline_wer']}) | {s['compute_per_audio_second']} | {s['latency_mean']} / "
                          f"{s['latency_p90']} | {s['decoder_seconds_per_update']} | {s['model_passes_per_update']} | "
                          f"{s['acceptance_rate']} |")
