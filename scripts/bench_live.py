@@ -10,8 +10,8 @@ committed words must be equal, and the decoder's seconds compare), updated in tu
 machine's load falls on both alike; then two with `--realtime` (audio arrives at
 its own pace; latency from a word's end in the audio to its commit, wall clock). 2 threads, `base`. Decoder
 seconds: the passes that make the tokens, drafting included (not the encoder, nor the word-alignment pass).
-"Drafting" is what `asr stream` does by default: the last hypothesis, then the assistant `auto` picks
-(`--assistant` another, or none: the last hypothesis alone).
+"Drafting" is what `asr stream` does by default: the last hypothesis, then the assistant `auto` picks (on a CPU
+none: a draft chosen for files is left out of streams), or the one `--assistant` names (none: the hypothesis alone).
 """
 
 from __future__ import annotations

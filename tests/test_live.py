@@ -128,6 +128,21 @@ def test_drafting_from_the_last_hypothesis_commits_the_same_words_with_fewer_pas
     assert (plain.stats.assistant, alone.stats.assistant) == ("none", "hypothesis")
 
 
+def test_on_a_cpu_a_stream_leaves_out_the_draft_auto_chose_for_files(tiny, caplog) -> None:
+    audio = np.random.default_rng(3).normal(0, 0.1, 5 * 16000).astype(np.float32)
+    chosen = make_assistant("self:int8", tiny)
+    chosen.chosen_by_auto = True  # as `auto` marks the draft it picks
+    with caplog.at_level("INFO", logger="asr.live.transcriber"):
+        by_auto, committed_by_auto = _stream(tiny, audio, chosen)
+    named, committed_by_name = _stream(tiny, audio, make_assistant("self:int8", tiny))
+    assert by_auto.assistant is None and by_auto.stats.assistant == "hypothesis"
+    assert "drafting from the last hypothesis alone" in caplog.text
+    assert named.assistant is not None and named.stats.assistant.startswith("hypothesis+self")
+    assert named.stats.generation.assistant_forward_passes > 0
+    assert by_auto.stats.generation.assistant_forward_passes == 0
+    assert [s.text for s in committed_by_auto] == [s.text for s in committed_by_name]
+
+
 def test_committed_words_are_where_two_hypotheses_agree_and_the_rest_comes_at_the_end(tiny) -> None:
     audio = np.random.default_rng(5).normal(0, 0.1, 7 * 16000).astype(np.float32)
     # A random model's text loops: every window is kept here (the repetition check has a test of its own).

@@ -113,8 +113,6 @@ def _run(chunks: Callable[[float], Iterator], name: str, *, wall_clock: bool, mo
                                         compression_ratio_threshold=compression_ratio_threshold)
             status(f"loading {model} on {device} ({str(precision).removeprefix('torch.')})")
             bundle, chosen = load_pair(model, assistant, device=device, dtype=precision, offload=offloading)
-            status(describe_assistant(assistant, chosen) + ("; drafting from the last hypothesis" if assistant != "none"
-                                                            else ""))
             began = time.monotonic()
             clock = (lambda: time.monotonic() - began) if wall_clock else None
             voice = None
@@ -124,6 +122,9 @@ def _run(chunks: Callable[[float], Iterator], name: str, *, wall_clock: bool, mo
                 voice = VoiceActivity()
             live = StreamingTranscriber(bundle, options, chosen, drafting=assistant != "none",
                                         trim_seconds=trim_seconds, clock=clock, voice=voice)
+            # What drafts: on a CPU a stream leaves out the draft `auto` chose for files (asr.live.transcriber).
+            status(describe_assistant(assistant, live.assistant)
+                   + ("; drafting from the last hypothesis" if assistant != "none" else ""))
         except ValueError as error:
             raise click.ClickException(str(error)) from None
         show, failed = _printer(output_format), False

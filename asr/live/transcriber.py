@@ -25,6 +25,8 @@ from asr.results import Segment, Transcript, TranscriptionStats, Word
 from audio.constants import HOP_LENGTH, SAMPLE_RATE
 from decoding.stats import GenerationStats
 
+logger = logging.getLogger(__name__)
+
 # Whisper reads at most 30 s at a time; a buffer that grows past this without a commit drops its start.
 MAX_BUFFER_SECONDS = 30.0
 # Committed text kept in the prompt (whisper_streaming keeps 200 characters).
@@ -96,7 +98,7 @@ class StreamingTranscriber:
         options: transcription options (language, task, prompt...); the stream decodes greedily at temperature
             0 with word timestamps, whatever they say (a sampled fallback would make hypotheses disagree).
         assistant: drafts the new audio at the end of each buffer, after the last hypothesis
-            (`asr.assist.choose.make_assistant`), or None.
+            (`asr.assist.choose.make_assistant`), or None; on a CPU, one that `auto` chose is left out.
         drafting: whether each update drafts the last hypothesis (and the assistant) at all; False: plain
             re-decodes, the same words (for comparison).
         trim_seconds: a buffer longer than this is cut at the end of its last committed segment.
@@ -118,6 +120,15 @@ class StreamingTranscriber:
         self.options = replace(options, temperatures=(0.0,), word_timestamps=True, timestamps=True,
                                condition_on_previous_text=True, batch_size=None, vad=None, clip_timestamps=())
         Transcriber(bundle, self.options, None)  # the options' checks, once, before any audio
+        if drafting and assistant is not None and getattr(assistant, "chosen_by_auto", False) \
+                and next(bundle.model.parameters()).device.type == "cpu":
+            # `auto` chose this draft for files. In a stream it drafts only the new audio at the buffer's end
+            # (~9 tokens an update, half of its drafts kept) and pays each update a pass over the prompt and the
+            # hypothesis's kept tokens and its projections of the window: on a CPU that costs more than it saves
+            # (docs/live.md), so the last hypothesis drafts alone. A draft named with --assistant drafts as asked.
+            logger.info("--assistant auto: %s does not pay in a stream on a CPU; drafting from the last "
+                        "hypothesis alone", assistant.name)
+            assistant = None
         self.assistant = assistant
         self.drafting = drafting
         self.trim_seconds = trim_seconds
@@ -326,16 +337,16 @@ class StreamingTranscriber:
 @contextlib.contextmanager
 def _without_fallback_warnings() -> Iterator[None]:
     """A stream decodes at temperature 0 alone: a window that fails the fallback checks is no news there."""
-    logger = logging.getLogger("asr.window_decoder")
+    decoder_logger = logging.getLogger("asr.window_decoder")
 
     def keep(record: logging.LogRecord) -> bool:
         return "failed the fallback checks" not in record.getMessage()
 
-    logger.addFilter(keep)
+    decoder_logger.addFilter(keep)
     try:
         yield
     finally:
-        logger.removeFilter(keep)
+        decoder_logger.removeFilter(keep)
 
 
 def _key(word: Word) -> str:
