@@ -20,6 +20,7 @@ import numpy as np
 
 from asr.live.hypothesis import HypothesisAssistant, joined_windows, moved_reference, segment_boundaries
 from asr.live.voice import VoiceActivity
+from asr.models.offload import offload_store
 from asr.options import TranscribeOptions
 from asr.results import Segment, Transcript, TranscriptionStats, Word
 from audio.constants import HOP_LENGTH, SAMPLE_RATE
@@ -121,11 +122,12 @@ class StreamingTranscriber:
                                condition_on_previous_text=True, batch_size=None, vad=None, clip_timestamps=())
         Transcriber(bundle, self.options, None)  # the options' checks, once, before any audio
         if drafting and assistant is not None and getattr(assistant, "chosen_by_auto", False) \
-                and next(bundle.model.parameters()).device.type == "cpu":
+                and next(bundle.model.parameters()).device.type == "cpu" and offload_store(bundle.model) is None:
             # `auto` chose this draft for files. In a stream it drafts only the new audio at the buffer's end
             # (~9 tokens an update, half of its drafts kept) and pays each update a pass over the prompt and the
             # hypothesis's kept tokens and its projections of the window: on a CPU that costs more than it saves
-            # (docs/live.md), so the last hypothesis drafts alone. A draft named with --assistant drafts as asked.
+            # (docs/live.md), so the last hypothesis drafts alone. A draft named with --assistant drafts as asked;
+            # an offloaded model's resident draft stays (each pass it saves reads the layers again).
             logger.info("--assistant auto: %s does not pay in a stream on a CPU; drafting from the last "
                         "hypothesis alone", assistant.name)
             assistant = None
