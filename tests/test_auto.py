@@ -111,6 +111,19 @@ def test_what_auto_chose_drafts_neither_beams_nor_batches_of_windows(tiny_whispe
         transcribe(bundle, CLIP, TranscribeOptions(beam_size=2), named)
 
 
+def test_a_live_stream_leaves_out_the_shipped_draft_auto_chose(tiny_whisper_folder, shipped) -> None:
+    from asr.assist.choose import make_assistant
+    from asr.live import StreamingTranscriber
+    from asr.models.registry import load_model
+
+    bundle = load_model(str(tiny_whisper_folder))
+    chosen = make_assistant("auto", bundle)
+    assert chosen.name == "tiny-draft:int8" and chosen.for_streams is False
+    assert StreamingTranscriber(bundle, assistant=chosen).assistant is None  # the last hypothesis drafts alone
+    named = make_assistant("tiny-draft:int8", bundle)  # asked for by name: it drafts the new audio
+    assert named.for_streams and StreamingTranscriber(bundle, assistant=named).assistant is named
+
+
 def test_the_json_statistics_name_the_assistant_that_ran(tiny_whisper_folder: Path) -> None:
     args = ["transcribe", CLIP, "--model", str(tiny_whisper_folder), "--language", "en", "--threads", "1",
             "-f", "json", "-q"]

@@ -166,7 +166,7 @@ def test_auto_drafts_many_tokens_with_a_resident_copy_for_an_offloaded_model(tin
     offloaded = load_model(str(tiny_whisper_folder), offload=OffloadOptions("disk"))
     assistant = make_assistant("auto", offloaded)
     assert isinstance(assistant, SharedEncoderAssistant) and assistant.name == "self:int8"
-    assert assistant.schedule == OFFLOAD_SCHEDULE
+    assert assistant.schedule == OFFLOAD_SCHEDULE and assistant.for_streams  # a stream drafts with it too
     assert TranscribeOptions().drafting(assistant.schedule) == OFFLOAD_SCHEDULE
     assert TranscribeOptions(num_assistant_tokens=3).drafting(assistant.schedule) == ("constant", 3)
     assert make_assistant("auto", in_memory) is None  # in memory, nothing pays for a small model on a CPU

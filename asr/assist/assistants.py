@@ -43,6 +43,8 @@ class SharedEncoderAssistant:
     expected_speedup: float | None = None
     # Chosen by `--assistant auto`: a run that decodes beams or batches of windows decodes without it.
     chosen_by_auto: bool = False
+    # False where `auto` chose it for files only: a live stream drafts from its last hypothesis alone.
+    for_streams: bool = True
 
     def __init__(self, name: str, decoder_model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
         self.name = name

@@ -125,10 +125,12 @@ def _auto(model_bundle: WhisperBundle, *, device: str, dtype: Precision, batched
     """
     device_type = next(model_bundle.model.parameters()).device.type
     chosen = auto_assistant(device_type, model_bundle.source)
+    shipped = False
     # Not for an int8 model: its steps are cheap enough that the draft made it slower (0.94-0.99x in the matrix
     # of docs/drafts.md), where the costs measured at load sometimes expected a gain.
     if chosen == "none" and device_type == "cpu" and not batched and not is_int8_model(model_bundle.model):
         chosen = shipped_draft_for(model_bundle.model) or chosen
+        shipped = chosen != "none"
     if chosen == "none":
         logger.info("--assistant auto chose none")
         return None
@@ -150,6 +152,10 @@ def _auto(model_bundle: WhisperBundle, *, device: str, dtype: Precision, batched
         return None
     logger.info("--assistant auto chose %s", chosen)
     assistant.chosen_by_auto = True
+    # In a live stream such a draft drafts only the new audio at the buffer's end (~9 tokens an update, half of
+    # them kept) and pays each update a pass over the prompt and the hypothesis's kept tokens and its projections
+    # of the window: measured on a CPU it costs more than it saves (docs/live.md), so streams leave it out.
+    assistant.for_streams = not shipped
     return assistant
 
 

@@ -20,7 +20,6 @@ import numpy as np
 
 from asr.live.hypothesis import HypothesisAssistant, joined_windows, moved_reference, segment_boundaries
 from asr.live.voice import VoiceActivity
-from asr.models.offload import offload_store
 from asr.options import TranscribeOptions
 from asr.results import Segment, Transcript, TranscriptionStats, Word
 from audio.constants import HOP_LENGTH, SAMPLE_RATE
@@ -99,7 +98,8 @@ class StreamingTranscriber:
         options: transcription options (language, task, prompt...); the stream decodes greedily at temperature
             0 with word timestamps, whatever they say (a sampled fallback would make hypotheses disagree).
         assistant: drafts the new audio at the end of each buffer, after the last hypothesis
-            (`asr.assist.choose.make_assistant`), or None; on a CPU, one that `auto` chose is left out.
+            (`asr.assist.choose.make_assistant`), or None; one `auto` chose for files only (`for_streams` False)
+            is left out.
         drafting: whether each update drafts the last hypothesis (and the assistant) at all; False: plain
             re-decodes, the same words (for comparison).
         trim_seconds: a buffer longer than this is cut at the end of its last committed segment.
@@ -121,13 +121,9 @@ class StreamingTranscriber:
         self.options = replace(options, temperatures=(0.0,), word_timestamps=True, timestamps=True,
                                condition_on_previous_text=True, batch_size=None, vad=None, clip_timestamps=())
         Transcriber(bundle, self.options, None)  # the options' checks, once, before any audio
-        if drafting and assistant is not None and getattr(assistant, "chosen_by_auto", False) \
-                and next(bundle.model.parameters()).device.type == "cpu" and offload_store(bundle.model) is None:
-            # `auto` chose this draft for files. In a stream it drafts only the new audio at the buffer's end
-            # (~9 tokens an update, half of its drafts kept) and pays each update a pass over the prompt and the
-            # hypothesis's kept tokens and its projections of the window: on a CPU that costs more than it saves
-            # (docs/live.md), so the last hypothesis drafts alone. A draft named with --assistant drafts as asked;
-            # an offloaded model's resident draft stays (each pass it saves reads the layers again).
+        if drafting and assistant is not None and not getattr(assistant, "for_streams", True):
+            # The shipped draft `auto` picks on a CPU for files (`asr.assist.choose`): in a stream it costs more
+            # than it saves, so the last hypothesis drafts alone. A draft named with --assistant drafts as asked.
             logger.info("--assistant auto: %s does not pay in a stream on a CPU; drafting from the last "
                         "hypothesis alone", assistant.name)
             assistant = None
