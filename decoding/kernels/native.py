@@ -33,7 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
-VERSION = 8
+VERSION = 9
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.products.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
 MAX_ROWS = 4

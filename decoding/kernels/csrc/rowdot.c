@@ -585,7 +585,45 @@ static inline __attribute__((always_inline)) void attend_cross(const float* q, i
   weighted_values(scores, stride, values, count, 0, 0, kind, hd, rows, out, out_stride);
 }
 
+#if defined(__AVX512F__)
+/* GELU(x) = x / 2 (1 + erf(x / sqrt 2)), 16 at a time: 1 + erf(z) from erf's complement by Abramowitz and Stegun
+ * 7.1.26 (absolute error below 1.5e-7) and exp16; within 1.7e-7 max(1, |x|) of the exact GELU, as glibc's erff is
+ * within 1.0e-7, at a thirtieth of its time. One formula for every element: a row's bits do not depend on the
+ * rows beside it. */
+static inline __m512 gelu16(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f));
+  __m512 az = _mm512_abs_ps(z);
+  __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f), az, one));
+  __m512 p = _mm512_set1_ps(1.061405429f);
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+  __m512 gauss = exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(az, az)));
+  __m512 complement = _mm512_mul_ps(_mm512_mul_ps(p, t), gauss);
+  __mmask16 positive = _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_GE_OQ);
+  __m512 one_plus_erf = _mm512_mask_sub_ps(complement, positive, _mm512_set1_ps(2.f), complement);
+  return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), one_plus_erf);
+}
+
+/* f = GELU(f) over n values, inside a parallel region (the threads share out the vectors). */
+static void gelu_values(float* f, int64_t n) {
+  #pragma omp for schedule(static)
+  for (int64_t v = 0; v < (n + 15) / 16; ++v) {
+    int64_t i = v * 16;
+    __mmask16 lanes = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(f + i, lanes, gelu16(_mm512_maskz_loadu_ps(lanes, f + i)));
+  }
+}
+#else
 static float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+
+static void gelu_values(float* f, int64_t n) {
+  #pragma omp for schedule(static)
+  for (int64_t i = 0; i < n; ++i) f[i] = gelu(f[i]);
+}
+#endif
 
 /* The parts of a layer's step that decoder_step and decoder_step_windows share, each called by every thread of
  * their parallel region (one thread norms, the products share out weight rows). */
@@ -664,8 +702,7 @@ static void feed_forward(const step_model* m, const step_layer* L, float* x, flo
   step_product(&L->cross_out, a, h, rows);
   add_and_norm(x, h, L->norm_ffn_w, L->norm_ffn_b, rows, m->d, m->eps);
   step_product(&L->fc1, h, f, rows);
-  #pragma omp for schedule(static)
-  for (int64_t i = 0; i < rows * m->ffn; ++i) f[i] = gelu(f[i]);
+  gelu_values(f, rows * m->ffn);
   step_product(&L->fc2, f, h, rows);
   add_and_norm(x, h, NULL, NULL, rows, m->d, m->eps);
 }
@@ -766,4 +803,4 @@ void decoder_step_windows(const step_model* m, const int64_t* ids, const int64_t
 }
 
 /* Build check: the caller compares this with the version it expects. */
-int rowdot_version(void) { return 8; }
+int rowdot_version(void) { return 9; }
