@@ -342,6 +342,7 @@ void attention_values(const float* w, const float* v, float* out, int64_t G, int
  * bytes of its step): it only proposes tokens that the model then checks. */
 
 enum { BLOCK_ROWS = 4 }; /* query rows the attention kernels take at a time (a step of more, in blocks) */
+enum { SCORE_TILES = 4 }; /* key tiles a score pass of one or two rows takes at a time */
 
 typedef struct {
   const void* w;       /* [n, k] float32, bfloat16 or int8 (kind) */
@@ -547,7 +548,26 @@ static inline __attribute__((always_inline)) void attend(const float* q, int64_t
 static inline __attribute__((always_inline)) void tile_scores(const float* q, int64_t q_stride, const void* tiles,
                                                               int64_t first, int64_t last, int kind, int64_t hd,
                                                               int block, float scale, float* scores, int64_t stride) {
-  for (int64_t tile = first; tile < last; ++tile) {
+  int64_t tile = first;
+  /* One or two rows: SCORE_TILES tiles at a time. A tile's sum over k is one chain of dependent additions, which
+   * for a row alone waited on each addition's latency; side by side the chains overlap. Each tile's sum keeps its
+   * order, so the bits are those of one tile at a time. */
+  if (block <= 2)
+    for (; tile + SCORE_TILES <= last; tile += SCORE_TILES) {
+      v16 a[2][SCORE_TILES] = {{{0}}};
+      for (int64_t k = 0; k < hd; ++k) {
+        v16 w[SCORE_TILES];
+        for (int j = 0; j < SCORE_TILES; ++j) w[j] = weights(tiles, ((tile + j) * hd + k) * 16, kind);
+        for (int r = 0; r < block; ++r)
+          for (int j = 0; j < SCORE_TILES; ++j) a[r][j] += q[r * q_stride + k] * w[j];
+      }
+      for (int r = 0; r < block; ++r)
+        for (int j = 0; j < SCORE_TILES; ++j) {
+          v16 scaled = a[r][j] * scale;
+          memcpy(scores + r * stride + (tile + j) * 16, &scaled, sizeof scaled);
+        }
+    }
+  for (; tile < last; ++tile) {
     v16 a[BLOCK_ROWS] = {{0}};
     for (int64_t k = 0; k < hd; ++k) {
       v16 w = weights(tiles, (tile * hd + k) * 16, kind);
