@@ -71,6 +71,7 @@ class FullAssistant:
     schedule: tuple[str, int] | None = None  # as SharedEncoderAssistant's
     expected_speedup: float | None = None
     chosen_by_auto: bool = False
+    for_streams: bool = True
 
     def __init__(self, name: str, bundle: WhisperBundle, model_bundle: WhisperBundle) -> None:
         self.name = name
