@@ -84,6 +84,8 @@ def pack_decoder(model: torch.nn.Module) -> torch.nn.Module:
 
 # The largest float32 decoder (its layers' weights) that `pack_for_rows` gives a packed copy: tiny to small.
 PACK_FOR_ROWS_LIMIT = 512 * 2**20
+# The largest bfloat16 copy of an int8 decoder's layers that `quantize_model` keeps (tiny to small; see there).
+KEEP_DEQUANTIZED_LIMIT = 256 * 2**20
 
 
 def pack_for_rows(model: torch.nn.Module) -> bool:
@@ -135,6 +137,14 @@ def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
         model.proj_out = Int8Linear(model.get_output_embeddings(), dtype)
     for layer in decoder.layers:
         quantize_linears(layer, dtype)
+    # Passes of many rows (each window's prompt, its cross-attention keys and values, the word-alignment pass)
+    # multiply bfloat16 copies of the int8 weights. Made per call, they took a quarter of those passes' time (base,
+    # a live update: 25 ms of the prompt's and the alignment's ~100); kept, a second copy of the layers (50 MB for
+    # base, 230 MB for small; not for medium or large, 0.8-1.7 GB), made at the first such pass.
+    int8_layers = [m for m in decoder.layers.modules() if isinstance(m, Int8Linear)]
+    if sum(2 * m.weight.numel() for m in int8_layers) <= KEEP_DEQUANTIZED_LIMIT:
+        for linear in int8_layers:
+            linear.keep_dequantized()
     decoder.to(dtype)
     decoder.embed_tokens.to(torch.bfloat16)  # rows looked up are widened exactly (WhisperDecoderAdapter)
     if dtype == torch.float32:
