@@ -6,7 +6,10 @@ values decoding projected, against transformers' eager decoder over the encoder 
 For each precision: `transcribe` the first 28 s of the sonnets with word timestamps, then time both passes over
 that window's final tokens (start sequence, text, end of text), interleaved, median of `--repeats`; the adapter's
 side includes projecting the cross-attention keys and values once (`WhisperDecoderAdapter`), as a window that
-is not decoded would need. Also: the largest differences between the two passes' logits and attention weights.
+is not decoded would need. Also: the largest differences between the two passes' logits and attention weights,
+and the dynamic time warping of a cost matrix of that window's shape (its text tokens and end of text over the
+28 s of frames): transformers' Python loop against the compiled one (`asr.whisper.dtw`), and whether their paths
+are the same.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
 from benchlib import command_line, figure_path, sonnets, use_threads, write_figures
 
@@ -23,6 +27,7 @@ from asr.options import TranscribeOptions
 from asr.transcription import Transcriber
 from asr.whisper.alignment import transformers_alignment_pass
 from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.dtw import dynamic_time_warping
 from asr.whisper.window import encode
 from audio.features import log_mel
 
@@ -52,8 +57,28 @@ def measure(dtype: str, repeats: int) -> dict:
     (old_logits, old_weights), (new_logits, new_weights) = passes["eager decoder"](), adapter.alignment_pass(ids, heads)
     return {"dtype": dtype, "tokens": ids.shape[1],
             "ms": {name: round(1000 * statistics.median(t[1:]), 1) for name, t in times.items()},
+            "time_warping": _time_warping(len(text) + 1, len(samples) // 320, repeats),
             "logits_max_difference": float((old_logits - new_logits).abs().max()),
             "weights_max_difference": float((old_weights - new_weights).abs().max())}
+
+
+def _time_warping(tokens: int, frames: int, repeats: int) -> dict:
+    """transformers' and the compiled time warping over one `[tokens, frames]` cost matrix: ms each, same path."""
+    from transformers.models.whisper.generation_whisper import _dynamic_time_warping
+
+    matrix = np.random.default_rng(0).normal(size=(tokens, frames))
+    dynamic_time_warping(matrix)  # compiled (or loaded from numba's cache) before timing
+    found = {}
+    for name, warp in (("transformers", _dynamic_time_warping), ("compiled", dynamic_time_warping)):
+        found[name] = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            path = warp(matrix)
+            found[name].append(time.perf_counter() - start)
+        found[name + "_path"] = [p.tolist() for p in path]
+    return {"shape": [tokens, frames], "transformers_ms": round(1000 * statistics.median(found["transformers"]), 2),
+            "compiled_ms": round(1000 * statistics.median(found["compiled"]), 3),
+            "same_path": found["transformers_path"] == found["compiled_path"]}
 
 
 def main() -> None:
@@ -71,6 +96,11 @@ def main() -> None:
         "| --- | ---: | " + " | ".join("---:" for _ in names) + " | ---: | ---: |",
         *(f"| {r['dtype']} | {r['tokens']} | " + " | ".join(str(r["ms"][n]) for n in names)
           + f" | {r['logits_max_difference']:.3g} | {r['weights_max_difference']:.3g} |" for r in rows)])
+    warping = rows[0]["time_warping"]
+    table += ("\n\nDynamic time warping over a cost matrix of that window's shape "
+              f"({warping['shape'][0]} tokens x {warping['shape'][1]} frames): transformers' loop "
+              f"{warping['transformers_ms']} ms, compiled (`asr.whisper.dtw`) {warping['compiled_ms']} ms; the same "
+              f"path: {warping['same_path']}.")
     print(table)
     write_figures(args.out, {"rows": rows}, table, command_line())
 

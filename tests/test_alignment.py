@@ -1,16 +1,19 @@
 """The word-timestamp pass over the decoder adapter's own cross-attention keys and values gives what transformers'
-eager decoder gives over the encoder output (the pass it replaced)."""
+eager decoder gives over the encoder output (the pass it replaced), and the compiled time warping its path."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from transformers.models.whisper.generation_whisper import _dynamic_time_warping
 
 from asr.models.registry import load_model
 from asr.whisper.alignment import transformers_alignment_pass
 from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper.dtw import dynamic_time_warping
 from decoding.kernels.products import onednn_only, reference_kernels
 
 
@@ -33,3 +36,19 @@ def test_alignment_pass_matches_the_eager_decoder(tiny_whisper_folder: Path, ker
     torch.testing.assert_close(weights, expected_weights, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)
     assert torch.equal(logits.argmax(-1), expected_logits.argmax(-1))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (7, 1), (3, 40), (40, 3), (25, 300), (86, 1500)])
+@pytest.mark.parametrize("values", ["normal", "ties"])
+def test_compiled_time_warping_takes_transformers_path(shape: tuple[int, int], values: str) -> None:
+    # transformers' loop is openai-whisper's; small integers make cost ties, where the order of the choice shows.
+    rng = np.random.default_rng(shape[0] * 1000 + shape[1])
+    matrix = rng.normal(size=shape) if values == "normal" else rng.integers(-2, 3, size=shape).astype(np.float64)
+    text, time = dynamic_time_warping(matrix)
+    expected_text, expected_time = _dynamic_time_warping(matrix)
+    assert text.tolist() == expected_text.tolist() and time.tolist() == expected_time.tolist()
+
+
+def test_time_warping_of_an_empty_matrix_says_so() -> None:
+    with pytest.raises(ValueError, match="at least one token and one frame"):
+        dynamic_time_warping(np.zeros((0, 5)))

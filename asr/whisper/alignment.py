@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from asr.results import Segment, Word
+from asr.whisper.dtw import dynamic_time_warping
 
 if TYPE_CHECKING:
     from asr.models.registry import WhisperBundle
@@ -56,10 +57,7 @@ def transformers_alignment_pass(model: torch.nn.Module, input_ids: torch.Tensor,
 @torch.inference_mode()
 def _align(decoder: WhisperDecoderAdapter, tokenizer, start_sequence: list[int], text_tokens: list[int], eot: int,
            num_frames: int, alignment_heads: Sequence[tuple[int, int]], language: str) -> list[_Timing]:
-    from transformers.models.whisper.generation_whisper import (
-        _dynamic_time_warping,
-        _median_filter,
-    )
+    from transformers.models.whisper.generation_whisper import _median_filter
     from transformers.models.whisper.tokenization_whisper import (
         _split_tokens_on_spaces,
         _split_tokens_on_unicode,
@@ -77,7 +75,7 @@ def _align(decoder: WhisperDecoderAdapter, tokenizer, start_sequence: list[int],
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = _median_filter((weights - mean) / std.clamp_min(1e-12), MEDIAN_FILTER_WIDTH)
     matrix = weights.mean(0)[len(start_sequence) - 1: -1]  # the <|notimestamps|> row starts the first word
-    text_indices, time_indices = _dynamic_time_warping(-matrix.double().cpu().numpy())
+    text_indices, time_indices = dynamic_time_warping(-matrix.double().cpu().numpy())
 
     split = _split_tokens_on_unicode if language in {"zh", "ja", "th", "lo", "my", "yue"} else _split_tokens_on_spaces
     words, word_tokens, _ = split(tokenizer, text_tokens + [eot])
