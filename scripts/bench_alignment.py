@@ -7,9 +7,9 @@ For each precision: `transcribe` the first 28 s of the sonnets with word timesta
 that window's final tokens (start sequence, text, end of text), interleaved, median of `--repeats`; the adapter's
 side includes projecting the cross-attention keys and values once (`WhisperDecoderAdapter`), as a window that
 is not decoded would need. Also: the largest differences between the two passes' logits and attention weights,
-and the dynamic time warping of a cost matrix of that window's shape (its text tokens and end of text over the
-28 s of frames): transformers' Python loop against the compiled one (`asr.whisper.dtw`), and whether their paths
-are the same.
+and the two loops after the pass over arrays of that window's shape (its text tokens and end of text over the 28 s
+of frames, the model's alignment heads): the median filter and the dynamic time warping, transformers' against the
+compiled ones (`asr.whisper.alignment_kernels`), and whether they give the same results.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from asr.options import TranscribeOptions
 from asr.transcription import Transcriber
 from asr.whisper.alignment import transformers_alignment_pass
 from asr.whisper.decoder import WhisperDecoderAdapter
-from asr.whisper.dtw import dynamic_time_warping
+from asr.whisper.alignment_kernels import dynamic_time_warping, median_filter
 from asr.whisper.window import encode
 from audio.features import log_mel
 
@@ -57,28 +57,34 @@ def measure(dtype: str, repeats: int) -> dict:
     (old_logits, old_weights), (new_logits, new_weights) = passes["eager decoder"](), adapter.alignment_pass(ids, heads)
     return {"dtype": dtype, "tokens": ids.shape[1],
             "ms": {name: round(1000 * statistics.median(t[1:]), 1) for name, t in times.items()},
-            "time_warping": _time_warping(len(text) + 1, len(samples) // 320, repeats),
+            "loops": _loops(len(heads), len(text) + 1, len(samples) // 320, repeats),
             "logits_max_difference": float((old_logits - new_logits).abs().max()),
             "weights_max_difference": float((old_weights - new_weights).abs().max())}
 
 
-def _time_warping(tokens: int, frames: int, repeats: int) -> dict:
-    """transformers' and the compiled time warping over one `[tokens, frames]` cost matrix: ms each, same path."""
-    from transformers.models.whisper.generation_whisper import _dynamic_time_warping
+def _loops(heads: int, tokens: int, frames: int, repeats: int) -> dict:
+    """transformers' and the compiled median filter (over `[heads, tokens, frames]`) and time warping (over
+    `[tokens, frames]`): ms each (medians of `repeats`), and whether the two give the same results."""
+    from transformers.models.whisper.generation_whisper import _dynamic_time_warping, _median_filter
 
-    matrix = np.random.default_rng(0).normal(size=(tokens, frames))
-    dynamic_time_warping(matrix)  # compiled (or loaded from numba's cache) before timing
-    found = {}
-    for name, warp in (("transformers", _dynamic_time_warping), ("compiled", dynamic_time_warping)):
-        found[name] = []
+    weights = np.random.default_rng(0).normal(size=(heads, tokens, frames)).astype(np.float32)
+    kernels = {"median filter": (lambda: _median_filter(torch.from_numpy(weights), 7).numpy(),
+                                 lambda: median_filter(weights, 7)),
+               "time warping": (lambda: _dynamic_time_warping(weights[0].astype(np.float64)),
+                                lambda: dynamic_time_warping(weights[0].astype(np.float64)))}
+    found = {"shape": [heads, tokens, frames]}
+    for name, (theirs, ours) in kernels.items():
+        ours()  # compiled (or loaded from numba's cache) before timing
+        times = {"transformers": [], "compiled": []}
         for _ in range(repeats):
-            start = time.perf_counter()
-            path = warp(matrix)
-            found[name].append(time.perf_counter() - start)
-        found[name + "_path"] = [p.tolist() for p in path]
-    return {"shape": [tokens, frames], "transformers_ms": round(1000 * statistics.median(found["transformers"]), 2),
-            "compiled_ms": round(1000 * statistics.median(found["compiled"]), 3),
-            "same_path": found["transformers_path"] == found["compiled_path"]}
+            for side, run in (("transformers", theirs), ("compiled", ours)):
+                start = time.perf_counter()
+                run()
+                times[side].append(time.perf_counter() - start)
+        expected, got = theirs(), ours()
+        same = all(map(np.array_equal, expected, got)) if isinstance(got, tuple) else np.array_equal(expected, got)
+        found[name] = {side: round(1000 * statistics.median(t), 3) for side, t in times.items()} | {"same": same}
+    return found
 
 
 def main() -> None:
@@ -96,11 +102,13 @@ def main() -> None:
         "| --- | ---: | " + " | ".join("---:" for _ in names) + " | ---: | ---: |",
         *(f"| {r['dtype']} | {r['tokens']} | " + " | ".join(str(r["ms"][n]) for n in names)
           + f" | {r['logits_max_difference']:.3g} | {r['weights_max_difference']:.3g} |" for r in rows)])
-    warping = rows[0]["time_warping"]
-    table += ("\n\nDynamic time warping over a cost matrix of that window's shape "
-              f"({warping['shape'][0]} tokens x {warping['shape'][1]} frames): transformers' loop "
-              f"{warping['transformers_ms']} ms, compiled (`asr.whisper.dtw`) {warping['compiled_ms']} ms; the same "
-              f"path: {warping['same_path']}.")
+    loops = rows[0]["loops"]
+    heads, tokens, frames = loops["shape"]
+    table += (f"\n\nThe loops after the pass, over that window's shape ({heads} heads, {tokens} tokens, {frames} frames), "
+              "ms, transformers' against compiled (`asr.whisper.alignment_kernels`):\n\n"
+              "| loop | transformers ms | compiled ms | the same result |\n| --- | ---: | ---: | --- |\n"
+              + "\n".join(f"| {name} | {loops[name]['transformers']} | {loops[name]['compiled']} | {loops[name]['same']} |"
+                          for name in ("median filter", "time warping")))
     print(table)
     write_figures(args.out, {"rows": rows}, table, command_line())
 

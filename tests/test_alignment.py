@@ -1,5 +1,6 @@
 """The word-timestamp pass over the decoder adapter's own cross-attention keys and values gives what transformers'
-eager decoder gives over the encoder output (the pass it replaced), and the compiled time warping its path."""
+eager decoder gives over the encoder output (the pass it replaced), and the compiled median filter and time
+warping what transformers' loops give."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers.models.whisper.generation_whisper import _dynamic_time_warping
+from transformers.models.whisper.generation_whisper import _dynamic_time_warping, _median_filter
 
 from asr.models.registry import load_model
 from asr.whisper.alignment import transformers_alignment_pass
 from asr.whisper.decoder import WhisperDecoderAdapter
-from asr.whisper.dtw import dynamic_time_warping
+from asr.whisper.alignment_kernels import dynamic_time_warping, median_filter
 from decoding.kernels.products import onednn_only, reference_kernels
 
 
@@ -52,3 +53,25 @@ def test_compiled_time_warping_takes_transformers_path(shape: tuple[int, int], v
 def test_time_warping_of_an_empty_matrix_says_so() -> None:
     with pytest.raises(ValueError, match="at least one token and one frame"):
         dynamic_time_warping(np.zeros((0, 5)))
+
+
+@pytest.mark.parametrize("width", [7, 5])
+@pytest.mark.parametrize("shape", [(2, 3, 4), (1, 1, 7), (6, 30, 700), (2, 5, 3)])
+@pytest.mark.parametrize("values", ["normal", "zeros and ones", "ties", "nan"])
+def test_compiled_median_filter_gives_transformers_medians(shape: tuple[int, int, int], values: str,
+                                                            width: int) -> None:
+    # Zeros and ones over 700 frames hold every pattern of 7 (the zero-one principle: a network that sorts them
+    # sorts anything); torch sorts NaN last.
+    rng = np.random.default_rng(sum(shape))
+    x = {"normal": lambda: rng.normal(size=shape), "zeros and ones": lambda: rng.integers(0, 2, size=shape),
+         "ties": lambda: rng.integers(-2, 3, size=shape), "nan": lambda: rng.normal(size=shape)}[values]()
+    x = x.astype(np.float32)
+    if values == "nan":
+        x[rng.random(shape) < 0.1] = np.nan
+    expected = _median_filter(torch.from_numpy(x.copy()), width).numpy()
+    np.testing.assert_array_equal(median_filter(x, width), expected)
+
+
+def test_median_filter_refuses_an_even_width() -> None:
+    with pytest.raises(ValueError, match="odd number"):
+        median_filter(np.zeros((1, 1, 9), dtype=np.float32), 4)

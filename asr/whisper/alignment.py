@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from asr.results import Segment, Word
-from asr.whisper.dtw import dynamic_time_warping
+from asr.whisper.alignment_kernels import dynamic_time_warping, median_filter
 
 if TYPE_CHECKING:
     from asr.models.registry import WhisperBundle
@@ -57,7 +57,6 @@ def transformers_alignment_pass(model: torch.nn.Module, input_ids: torch.Tensor,
 @torch.inference_mode()
 def _align(decoder: WhisperDecoderAdapter, tokenizer, start_sequence: list[int], text_tokens: list[int], eot: int,
            num_frames: int, alignment_heads: Sequence[tuple[int, int]], language: str) -> list[_Timing]:
-    from transformers.models.whisper.generation_whisper import _median_filter
     from transformers.models.whisper.tokenization_whisper import (
         _split_tokens_on_spaces,
         _split_tokens_on_unicode,
@@ -73,7 +72,8 @@ def _align(decoder: WhisperDecoderAdapter, tokenizer, start_sequence: list[int],
     weights = weights[:, :, : max(num_frames // 2, 1)]
     weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-12)
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
-    weights = _median_filter((weights - mean) / std.clamp_min(1e-12), MEDIAN_FILTER_WIDTH)
+    weights = torch.from_numpy(median_filter(((weights - mean) / std.clamp_min(1e-12)).cpu().numpy(),
+                                             MEDIAN_FILTER_WIDTH))
     matrix = weights.mean(0)[len(start_sequence) - 1: -1]  # the <|notimestamps|> row starts the first word
     text_indices, time_indices = dynamic_time_warping(-matrix.double().cpu().numpy())
 
