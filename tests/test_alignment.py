@@ -14,6 +14,7 @@ from transformers.models.whisper.generation_whisper import _dynamic_time_warping
 from asr.models.registry import load_model
 from asr.whisper.alignment import transformers_alignment_pass
 from asr.whisper.decoder import WhisperDecoderAdapter
+from asr.whisper import alignment_kernels
 from asr.whisper.alignment_kernels import dynamic_time_warping, median_filter
 from decoding.kernels.products import onednn_only, reference_kernels
 
@@ -39,9 +40,16 @@ def test_alignment_pass_matches_the_eager_decoder(tiny_whisper_folder: Path, ker
     assert torch.equal(logits.argmax(-1), expected_logits.argmax(-1))
 
 
+@pytest.fixture(params=["compiled", "loops"])
+def kernels(request, monkeypatch) -> str:
+    """The compiled loops, or (as for a short clip's window before they are loaded) transformers' and numpy's."""
+    monkeypatch.setattr(alignment_kernels, "_compiled_for", lambda cells: request.param == "compiled")
+    return request.param
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (1, 7), (7, 1), (3, 40), (40, 3), (25, 300), (86, 1500)])
 @pytest.mark.parametrize("values", ["normal", "ties"])
-def test_compiled_time_warping_takes_transformers_path(shape: tuple[int, int], values: str) -> None:
+def test_compiled_time_warping_takes_transformers_path(shape: tuple[int, int], values: str, kernels: str) -> None:
     # transformers' loop is openai-whisper's; small integers make cost ties, where the order of the choice shows.
     rng = np.random.default_rng(shape[0] * 1000 + shape[1])
     matrix = rng.normal(size=shape) if values == "normal" else rng.integers(-2, 3, size=shape).astype(np.float64)
@@ -58,8 +66,8 @@ def test_time_warping_of_an_empty_matrix_says_so() -> None:
 @pytest.mark.parametrize("width", [7, 5])
 @pytest.mark.parametrize("shape", [(2, 3, 4), (1, 1, 7), (6, 30, 700), (2, 5, 3)])
 @pytest.mark.parametrize("values", ["normal", "zeros and ones", "ties", "nan"])
-def test_compiled_median_filter_gives_transformers_medians(shape: tuple[int, int, int], values: str,
-                                                            width: int) -> None:
+def test_compiled_median_filter_gives_transformers_medians(shape: tuple[int, int, int], values: str, width: int,
+                                                            kernels: str) -> None:
     # Zeros and ones over 700 frames hold every pattern of 7 (the zero-one principle: a network that sorts them
     # sorts anything); torch sorts NaN last.
     rng = np.random.default_rng(sum(shape))
@@ -75,3 +83,11 @@ def test_compiled_median_filter_gives_transformers_medians(shape: tuple[int, int
 def test_median_filter_refuses_an_even_width() -> None:
     with pytest.raises(ValueError, match="odd number"):
         median_filter(np.zeros((1, 1, 9), dtype=np.float32), 4)
+
+
+def test_a_short_window_keeps_the_loops_until_the_compiled_ones_are_loaded() -> None:
+    small, large = alignment_kernels.COMPILED_FROM_CELLS - 1, alignment_kernels.COMPILED_FROM_CELLS
+    assert alignment_kernels._compiled_for(large)
+    assert alignment_kernels._compiled_for(small) == alignment_kernels.loaded()
+    alignment_kernels.load()
+    assert alignment_kernels.loaded() and alignment_kernels._compiled_for(small)

@@ -21,6 +21,7 @@ import numpy as np
 from asr.live.hypothesis import HypothesisAssistant, joined_windows, moved_reference, segment_boundaries
 from asr.live.voice import VoiceActivity
 from asr.options import TranscribeOptions
+from asr.whisper import alignment_kernels
 from asr.results import Segment, Transcript, TranscriptionStats, Word
 from audio.constants import HOP_LENGTH, SAMPLE_RATE
 from decoding.stats import GenerationStats
@@ -121,6 +122,7 @@ class StreamingTranscriber:
         self.options = replace(options, temperatures=(0.0,), word_timestamps=True, timestamps=True,
                                condition_on_previous_text=True, batch_size=None, vad=None, clip_timestamps=())
         Transcriber(bundle, self.options, None)  # the options' checks, once, before any audio
+        alignment_kernels.load()  # every update aligns its words: no update pays for loading the compiled loops
         if drafting and assistant is not None and not getattr(assistant, "for_streams", True):
             # The shipped draft `auto` picks on a CPU for files (`asr.assist.choose`): in a stream it costs more
             # than it saves, so the last hypothesis drafts alone. A draft named with --assistant drafts as asked.

@@ -29,6 +29,7 @@ from asr.serve.errors import APIError, BodyGuard, bad_request, check_key
 from asr.serve.formats import MEDIA_TYPES, RESPONSE_FORMATS, delta_event, done_event, render, sse
 from asr.serve.live import add_live_route
 from asr.serve.scheduler import Busy, Job, Scheduler
+from asr.whisper import alignment_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def create_app(bundle: Any, assistant: Any, settings: ServerSettings = ServerSet
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(alignment_kernels.load)  # word timestamps and live streams: no request pays for it
         yield
         await run_in_threadpool(scheduler.stop)
 

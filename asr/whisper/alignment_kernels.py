@@ -7,7 +7,10 @@ warping sums its costs in float32 in the same order and breaks ties the same way
 values for the median (52-57 ms over a 28 s window's 8 heads and 82 tokens) and runs the warping's cell loop in
 Python (108-150 ms for ~85 tokens over a 30 s window, 28 ms for 40 tokens over 15 s): together more than the
 alignment pass itself, on every window with word timestamps and every live update. Compiled: under 1 ms and ~2 ms
-(docs/figures/alignment-xeon.md). Compiled at first use and cached on disk by numba (`cache=True`): seconds, once.
+(docs/figures/alignment-xeon.md). Compiled at first use and cached on disk by numba (`cache=True`): seconds, once
+a machine; loading them costs a process ~0.4 s (numba's import and its cache), more than a short clip's window
+takes in transformers' loops, so windows under `COMPILED_FROM_CELLS` keep those until the compiled ones are loaded
+(`load()`: a live stream and the server load them before audio arrives).
 """
 
 from __future__ import annotations
@@ -15,6 +18,21 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+
+
+# Tokens x frames from which a window's loops load the compiled ones (transformers' take ~50 ms there, about 12 s
+# of speech; a 30 s window has ~130,000).
+COMPILED_FROM_CELLS = 40_000
+
+
+def load() -> None:
+    """Loads the compiled loops now (compiling them at the first use on a machine)."""
+    _kernels()
+
+
+def loaded() -> bool:
+    """Whether the compiled loops are loaded in this process."""
+    return _kernels.cache_info().currsize > 0
 
 
 def median_filter(values: np.ndarray, width: int) -> np.ndarray:
@@ -29,8 +47,8 @@ def median_filter(values: np.ndarray, width: int) -> np.ndarray:
     pad = width // 2
     if values.shape[-1] <= pad:
         return values.copy()
-    if width == 7 and not np.isnan(values).any():  # Whisper's width; min and max do not order NaN as sorting does
-        return _kernels()[0](values)
+    if width == 7 and _compiled_for(values.shape[-2] * values.shape[-1]) and not np.isnan(values).any():
+        return _kernels()[0](values)  # Whisper's width; the network's min and max would not order NaN as sorting does
     padded = np.pad(values, ((0, 0), (0, 0), (pad, pad)), mode="reflect")
     return np.sort(np.lib.stride_tricks.sliding_window_view(padded, width, axis=-1), axis=-1)[..., pad]
 
@@ -41,8 +59,16 @@ def dynamic_time_warping(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     matrix = np.ascontiguousarray(matrix, dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[0] == 0 or matrix.shape[1] == 0:
         raise ValueError(f"a cost matrix needs at least one token and one frame, got shape {matrix.shape}")
+    if not _compiled_for(matrix.size):
+        from transformers.models.whisper.generation_whisper import _dynamic_time_warping
+
+        return _dynamic_time_warping(matrix)
     path = _kernels()[1](matrix)
     return path[0], path[1]
+
+
+def _compiled_for(cells: int) -> bool:
+    return cells >= COMPILED_FROM_CELLS or loaded()
 
 
 @functools.lru_cache(maxsize=None)
