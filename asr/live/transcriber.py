@@ -21,8 +21,8 @@ import numpy as np
 from asr.live.hypothesis import HypothesisAssistant, joined_windows, moved_reference, segment_boundaries
 from asr.live.voice import VoiceActivity
 from asr.options import TranscribeOptions
-from asr.whisper import alignment_kernels
 from asr.results import Segment, Transcript, TranscriptionStats, Word
+from asr.whisper import alignment_kernels
 from audio.constants import HOP_LENGTH, SAMPLE_RATE
 from decoding.stats import GenerationStats
 
