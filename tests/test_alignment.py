@@ -58,9 +58,16 @@ def test_compiled_time_warping_takes_transformers_path(shape: tuple[int, int], v
     assert text.tolist() == expected_text.tolist() and time.tolist() == expected_time.tolist()
 
 
-def test_time_warping_of_an_empty_matrix_says_so() -> None:
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (5,), (2, 3, 4)])
+def test_time_warping_of_an_empty_or_misshapen_matrix_says_so(shape: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match="at least one token and one frame"):
-        dynamic_time_warping(np.zeros((0, 5)))
+        dynamic_time_warping(np.zeros(shape))
+
+
+@pytest.mark.parametrize("shape", [(9,), (3, 9), (1, 2, 3, 9)])
+def test_median_filter_of_a_misshapen_array_says_so(shape: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match="takes a 3-dimensional array"):
+        median_filter(np.zeros(shape, dtype=np.float32), 7)
 
 
 @pytest.mark.parametrize("width", [7, 5])

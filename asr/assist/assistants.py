@@ -140,7 +140,7 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
         raise ValueError("int8 drafting uses PyTorch's int8 CPU kernels; on a GPU use :bf16 or :fp16")
     from accelerate.hooks import remove_hook_from_module
 
-    from asr.models.int8 import dequantize_linears, quantize_linears
+    from asr.models.int8 import dequantize_linears, keep_dequantized_within, quantize_linears
     from asr.models.offload import materialized
     from asr.models.precision import int8_activations
     from decoding.kernels.int8 import Int8Linear
@@ -176,10 +176,7 @@ def low_precision_decoder(model: torch.nn.Module, precision: str) -> tuple[torch
         head_copy.weight = torch.nn.Parameter(head.weight.detach().to(dtype), requires_grad=False)
         if head.bias is not None:
             head_copy.bias = torch.nn.Parameter(head.bias.detach().to(dtype), requires_grad=False)
-    int8_layers = [m for m in decoder.layers.modules() if isinstance(m, Int8Linear)]
-    if sum(m.weight.numel() for m in int8_layers) <= KEEP_DEQUANTIZED_BYTES:
-        for linear in int8_layers:
-            linear.keep_dequantized()
+    keep_dequantized_within(decoder.layers, KEEP_DEQUANTIZED_BYTES)
     copied = DecoderCopy(decoder, head_copy, model.config)
     copied.shared_embedding = embedding.detach()
     return copied, dtype

@@ -29,3 +29,14 @@ def quantize_linears(module: torch.nn.Module, dtype: torch.dtype = torch.bfloat1
         else:
             quantize_linears(child, dtype)
     return module
+
+
+def keep_dequantized_within(module: torch.nn.Module, limit: int) -> bool:
+    """Makes every `Int8Linear` inside `module` keep its bfloat16 copy (`Int8Linear.keep_dequantized`) where their
+    int8 weights hold at most `limit` bytes (the copies twice that); returns whether they do."""
+    linears = [m for m in module.modules() if isinstance(m, Int8Linear)]
+    if sum(m.weight.numel() for m in linears) > limit:
+        return False
+    for linear in linears:
+        linear.keep_dequantized()
+    return True

@@ -84,8 +84,9 @@ def pack_decoder(model: torch.nn.Module) -> torch.nn.Module:
 
 # The largest float32 decoder (its layers' weights) that `pack_for_rows` gives a packed copy: tiny to small.
 PACK_FOR_ROWS_LIMIT = 512 * 2**20
-# The largest bfloat16 copy of an int8 decoder's layers that `quantize_model` keeps (tiny to small; see there).
-KEEP_DEQUANTIZED_LIMIT = 256 * 2**20
+# The largest int8 decoder (its layers' int8 weights) whose bfloat16 copy, twice that, `quantize_model` keeps: tiny
+# to small (see there).
+KEEP_DEQUANTIZED_LIMIT = 128 * 2**20
 
 
 def pack_for_rows(model: torch.nn.Module) -> bool:
@@ -126,7 +127,7 @@ def is_int8_model(model: torch.nn.Module) -> bool:
 
 def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     """Makes a float32 Whisper model the int8 model described above (in place); returns it."""
-    from asr.models.int8 import quantize_linears
+    from asr.models.int8 import keep_dequantized_within, quantize_linears
     from decoding.kernels.int8 import Int8Linear
     from decoding.kernels.products import WidenedLinear
 
@@ -141,10 +142,7 @@ def quantize_model(model: torch.nn.Module) -> torch.nn.Module:
     # multiply bfloat16 copies of the int8 weights. Made per call, they took a quarter of those passes' time (base,
     # a live update: 25 ms of the prompt's and the alignment's ~100); kept, a second copy of the layers (50 MB for
     # base, 230 MB for small; not for medium or large, 0.8-1.7 GB), made at the first such pass.
-    int8_layers = [m for m in decoder.layers.modules() if isinstance(m, Int8Linear)]
-    if sum(2 * m.weight.numel() for m in int8_layers) <= KEEP_DEQUANTIZED_LIMIT:
-        for linear in int8_layers:
-            linear.keep_dequantized()
+    keep_dequantized_within(decoder.layers, KEEP_DEQUANTIZED_LIMIT)
     decoder.to(dtype)
     decoder.embed_tokens.to(torch.bfloat16)  # rows looked up are widened exactly (WhisperDecoderAdapter)
     if dtype == torch.float32:
