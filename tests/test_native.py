@@ -260,3 +260,40 @@ def test_a_missing_source_is_one_warning_and_onednn(monkeypatch, tmp_path, caplo
         assert "native kernels unavailable" in caplog.text
     finally:
         native.library.cache_clear()
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("rows, out_features, in_features", [(24, 512, 2048), (13, 100, 70), (7, 64, 64),
+                                                             (1, 37, 130), (30, 200, 7), (2, 5, 0)])
+def test_packed_products_give_each_row_its_own_bits_close_to_float64(kind: str, rows: int, out_features: int,
+                                                                     in_features: int) -> None:
+    # A decoder step's products over weights packed in blocks of 64 outputs (native.pack), tiles of 6 rows: any
+    # row count, a last block of fewer outputs, k past multiples of 64 (or none at all).
+    generator = torch.Generator().manual_seed(rows + out_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    scale = None
+    if kind == "int8":
+        weight, scale = torch.randint(-127, 128, weight.shape, generator=generator, dtype=torch.int8), \
+            torch.rand(out_features, generator=generator)
+    elif kind == "bfloat16":
+        weight = weight.to(torch.bfloat16)
+    bias = torch.randn(out_features, generator=generator)
+    packed = native.pack(weight)
+    assert packed.shape == (-(-out_features // 64), in_features, 64) and packed.dtype == weight.dtype
+    together = native.rowdot_packed(x, packed, out_features, bias, scale)
+    for i in range(rows):
+        assert torch.equal(native.rowdot_packed(x[i:i + 1], packed, out_features, bias, scale)[0], together[i])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(native.rowdot_packed(x, packed, out_features, bias, scale), together)
+    finally:
+        torch.set_num_threads(threads)
+    widened = weight.double() * (scale.double()[:, None] if scale is not None else 1)
+    expected = F.linear(x.double(), widened, bias.double())
+    magnitude = x.abs().double() @ widened.abs().T + bias.abs().double()
+    assert ((together.double() - expected).abs() <= 4 * (64 + in_features // 64) * 2.0 ** -24 * magnitude
+            + 1e-30).all()
+    with pytest.raises(ValueError):  # an int8 weight needs its scales, and only an int8 weight takes them
+        native.rowdot_packed(x, packed, out_features, bias, None if kind == "int8" else torch.ones(out_features))

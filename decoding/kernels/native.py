@@ -33,7 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
-VERSION = 9
+VERSION = 10
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.products.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
 MAX_ROWS = 4
@@ -109,6 +109,8 @@ def library() -> ctypes.CDLL | None:
         function.restype = None
     lib.rowdot_i8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.rowdot_i8.restype = None
+    lib.rowdot_packed.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+    lib.rowdot_packed.restype = None
     for name in ("attention_scores", "attention_values"):
         function = getattr(lib, name)
         function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int]
@@ -128,7 +130,7 @@ WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 class StepLinear(ctypes.Structure):
     _fields_ = [("w", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n", ctypes.c_int64),
-                ("k", ctypes.c_int64), ("kind", ctypes.c_int64)]
+                ("k", ctypes.c_int64), ("kind", ctypes.c_int64), ("packed", ctypes.c_void_p)]
 
 
 class StepLayer(ctypes.Structure):
@@ -198,4 +200,32 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             scale = scale.to(torch.float32).contiguous()
         lib.rowdot_i8(x.data_ptr(), weight.data_ptr(), scale.data_ptr(), bias_pointer, y.data_ptr(), rows,
                       out_features, in_features, threads)
+    return y
+
+
+# Outputs in a block of a packed weight (`PACK_N` in csrc/rowdot.c).
+PACK_N = 64
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A `[N, K]` weight (float32, bfloat16 or int8) as `packed_products` reads it: blocks of 64 outputs, k-major
+    (`[ceil(N / 64), K, 64]`, zero past the last output)."""
+    out_features, in_features = weight.shape
+    padded = weight.new_zeros(-(-out_features // PACK_N) * PACK_N, in_features)
+    padded[:out_features] = weight
+    return padded.view(padded.shape[0] // PACK_N, PACK_N, in_features).transpose(1, 2).contiguous()
+
+
+def rowdot_packed(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
+                  scale: torch.Tensor | None = None) -> torch.Tensor:
+    """`rowdot`'s product over a `pack`ed weight (as a decoder step multiplies it), for float32 `[M, K]` rows;
+    `library()` built."""
+    x = x.to(torch.float32).contiguous()
+    rows, in_features = x.shape
+    if packed.shape[1] != in_features or (packed.dtype == torch.int8) != (scale is not None):
+        raise ValueError("the rows, the packed weight and its scales do not fit together")
+    y = torch.empty(rows, out_features)
+    library().rowdot_packed(x.data_ptr(), packed.data_ptr(), scale.contiguous().data_ptr() if scale is not None else None,
+                            bias.contiguous().data_ptr() if bias is not None else None, y.data_ptr(), rows,
+                            out_features, in_features, WEIGHT_KINDS[packed.dtype], torch.get_num_threads())
     return y

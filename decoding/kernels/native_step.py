@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import weakref
 from typing import Any
 
 import torch
@@ -33,6 +34,23 @@ from decoding.kv_cache import StaticKVCache
 # 20.5 / 23.4, 24 tokens 27.0 / 29.2, 32 tokens (oneDNN in both) 34.4 / 34.1 (docs/figures/native-widths.md).
 STEP_ROWS = 24
 
+# The most bytes of layer weights whose packed copies (`native.pack`) a decoder's step keeps: tiny to small in
+# float32 (base +88 MB), up to medium in int8. Over them its products read each weight row by row, as every step
+# did before: checks of 8-24 rows 1.4-1.7x slower in their products (docs/precision.md).
+PACK_LIMIT = 512 * 2**20
+
+# Each module's packed weights (a fused projection's three), made once and kept as long as the module: `for_adapter`
+# runs for every window. Keyed by the module, so a copy of it (a drafting copy's) never reads another's.
+_PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, torch.Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def _packed(module: torch.nn.Module, part: int, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` (part `part` of `module`'s weight) packed as `packed_products` reads it, made at the first call."""
+    parts = _PACKED.setdefault(module, {})
+    if part not in parts:
+        parts[part] = native.pack(weight.detach())
+    return parts[part]
+
 
 def _tensor(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
     if t is None:
@@ -41,8 +59,8 @@ def _tensor(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
     return t.data_ptr()
 
 
-def _product(weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
-             keep: list[torch.Tensor]) -> native.StepLinear | None:
+def _product(module: torch.nn.Module, part: int, weight: torch.Tensor, scale: torch.Tensor | None,
+             bias: torch.Tensor | None, keep: list[torch.Tensor], pack: bool) -> native.StepLinear | None:
     if weight.device.type != "cpu" or weight.dtype not in native.WEIGHT_KINDS or \
             any(t is not None and t.dtype != torch.float32 for t in (scale, bias)):
         return None
@@ -50,30 +68,43 @@ def _product(weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tenso
     out_features, in_features = weight.shape
     return native.StepLinear(_tensor(weight, keep), _tensor(scale.contiguous() if scale is not None else None, keep),
                              _tensor(bias.detach().contiguous() if bias is not None else None, keep), out_features,
-                             in_features, native.WEIGHT_KINDS[weight.dtype])
+                             in_features, native.WEIGHT_KINDS[weight.dtype],
+                             _tensor(_packed(module, part, weight), keep) if pack else None)
 
 
-def _linear(module: Any, keep: list[torch.Tensor]) -> native.StepLinear | None:
-    """The product's weights as `decoder_step` reads them: int8 with float32 scales, or float32; else None."""
-    if isinstance(module, Int8Linear):
-        return _product(module.weight, module.scale, module.bias, keep)
-    if isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32:
-        return _product(module.weight, None, module.bias, keep)
-    return None
+def _stepped(module: Any) -> bool:
+    """Whether `decoder_step` reads `module`'s product: int8 with float32 scales, or float32."""
+    return isinstance(module, Int8Linear) or isinstance(module, torch.nn.Linear) and \
+        module.weight.dtype == torch.float32
 
 
-def _projections(attention: Any, keep: list[torch.Tensor]) -> list[native.StepLinear | None]:
+def _linear(module: Any, keep: list[torch.Tensor], pack: bool) -> native.StepLinear | None:
+    """The product's weights as `decoder_step` reads them (`_stepped`), packed too where `pack`; else None."""
+    if not _stepped(module):
+        return None
+    scale = module.scale if isinstance(module, Int8Linear) else None
+    return _product(module, 0, module.weight, scale, module.bias, keep, pack)
+
+
+def _projections(attention: Any, keep: list[torch.Tensor], pack: bool) -> list[native.StepLinear | None]:
     """The query, key and value products; a drafting copy's fused projection as three slices of its rows (views,
     no copies)."""
     fused = getattr(attention, "qkv_proj", None)
     if fused is None:
-        return [_linear(attention.q_proj, keep), _linear(attention.k_proj, keep), _linear(attention.v_proj, keep)]
+        return [_linear(attention.q_proj, keep, pack), _linear(attention.k_proj, keep, pack),
+                _linear(attention.v_proj, keep, pack)]
     if not isinstance(fused, (Int8Linear, torch.nn.Linear)) or fused.weight.dtype not in (torch.float32, torch.int8):
         return [None] * 3
     d = fused.weight.shape[0] // 3
     scale = fused.scale if isinstance(fused, Int8Linear) else None
-    return [_product(fused.weight[i * d:(i + 1) * d], scale[i * d:(i + 1) * d] if scale is not None else None,
-                     fused.bias[i * d:(i + 1) * d] if fused.bias is not None else None, keep) for i in range(3)]
+    return [_product(fused, i, fused.weight[i * d:(i + 1) * d], scale[i * d:(i + 1) * d] if scale is not None else None,
+                     fused.bias[i * d:(i + 1) * d] if fused.bias is not None else None, keep, pack) for i in range(3)]
+
+
+def _packs(decoder: torch.nn.Module) -> bool:
+    """Whether a decoder's step keeps packed copies of its layers' weights: at most `PACK_LIMIT` bytes of them."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in decoder.layers.modules() if _stepped(m)) \
+        <= PACK_LIMIT
 
 
 def _tiles(keys: torch.Tensor) -> torch.Tensor:
@@ -124,19 +155,20 @@ class NativeStep:
         bf16_cross = drafting or adapter.cross_rounding == torch.bfloat16
         cross_dtype = torch.bfloat16 if bf16_cross else torch.float32
         decoder = model.get_decoder()
+        pack = _packs(decoder)
         keep: list[torch.Tensor] = []
         layers = (native.StepLayer * len(decoder.layers))()
         for index, layer in enumerate(decoder.layers):
             keys, values = adapter.cross[index]
             parts = {
                 "norm_self": _norm(layer.self_attn_layer_norm, keep),
-                **dict(zip("qkv", _projections(layer.self_attn, keep))),
-                "out": _linear(layer.self_attn.out_proj, keep),
+                **dict(zip("qkv", _projections(layer.self_attn, keep, pack))),
+                "out": _linear(layer.self_attn.out_proj, keep, pack),
                 "norm_cross": _norm(layer.encoder_attn_layer_norm, keep),
-                "cross_q": _linear(layer.encoder_attn.q_proj, keep),
-                "cross_out": _linear(layer.encoder_attn.out_proj, keep),
-                "norm_ffn": _norm(layer.final_layer_norm, keep), "fc1": _linear(layer.fc1, keep),
-                "fc2": _linear(layer.fc2, keep),
+                "cross_q": _linear(layer.encoder_attn.q_proj, keep, pack),
+                "cross_out": _linear(layer.encoder_attn.out_proj, keep, pack),
+                "norm_ffn": _norm(layer.final_layer_norm, keep), "fc1": _linear(layer.fc1, keep, pack),
+                "fc2": _linear(layer.fc2, keep, pack),
             }
             if any(part is None for part in parts.values()) or keys.dtype != torch.float32 or not keys.is_contiguous():
                 return None
