@@ -135,7 +135,8 @@ class StepLinear(ctypes.Structure):
 
 class StepLayer(ctypes.Structure):
     _fields_ = [("norm_self_w", ctypes.c_void_p), ("norm_self_b", ctypes.c_void_p), ("q", StepLinear),
-                ("k", StepLinear), ("v", StepLinear), ("out", StepLinear), ("norm_cross_w", ctypes.c_void_p), ("norm_cross_b", ctypes.c_void_p),
+                ("k", StepLinear), ("v", StepLinear), ("out", StepLinear), ("norm_cross_w", ctypes.c_void_p),
+                ("norm_cross_b", ctypes.c_void_p),
                 ("cross_q", StepLinear), ("cross_out", StepLinear), ("cross_k", ctypes.c_void_p),
                 ("cross_v", ctypes.c_void_p), ("norm_ffn_w", ctypes.c_void_p), ("norm_ffn_b", ctypes.c_void_p),
                 ("fc1", StepLinear), ("fc2", StepLinear)]
@@ -225,7 +226,9 @@ def rowdot_packed(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias
     if packed.shape[1] != in_features or (packed.dtype == torch.int8) != (scale is not None):
         raise ValueError("the rows, the packed weight and its scales do not fit together")
     y = torch.empty(rows, out_features)
-    library().rowdot_packed(x.data_ptr(), packed.data_ptr(), scale.contiguous().data_ptr() if scale is not None else None,
-                            bias.contiguous().data_ptr() if bias is not None else None, y.data_ptr(), rows,
-                            out_features, in_features, WEIGHT_KINDS[packed.dtype], torch.get_num_threads())
+    scale = scale.to(torch.float32).contiguous() if scale is not None else None
+    bias = bias.to(torch.float32).contiguous() if bias is not None else None
+    library().rowdot_packed(x.data_ptr(), packed.data_ptr(), scale.data_ptr() if scale is not None else None,
+                            bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, out_features,
+                            in_features, WEIGHT_KINDS[packed.dtype], torch.get_num_threads())
     return y

@@ -14,9 +14,10 @@ steps run as one call too (`rows_step`): the weights read once for all rows, eac
 bits. The prompt pass, the head and every other pass stay as they are.
 
 A decoder of at most `PACK_LIMIT` bytes of layer weights keeps a packed copy of them (`native.pack`, made once
-per model), which the step's products read instead: blocks of 64 outputs a tile of 6 rows reads together, 1.4-2x
-as fast over checks of drafts and batches' steps, and one-token steps no slower (docs/precision.md). A row's bits
-then do not depend on the row count either, so a check still gives each row a one-token step's bits.
+per model), which the step's products read instead: blocks of 64 outputs that a tile of 6 rows reads together,
+1.3-1.6x as fast for checks of drafts (their whole passes 1.04-1.2x), a one-token step's no slower
+(docs/precision.md). A row's bits then do not depend on the row count either, so a check still gives each row a
+one-token step's bits.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ STEP_ROWS = 24
 
 # The most bytes of layer weights whose packed copies (`native.pack`) a decoder's step keeps: tiny to small in
 # float32 (base +88 MB), up to medium in int8. Over them its products read each weight row by row, as every step
-# did before: checks of 8-24 rows 1.4-1.7x slower in their products (docs/precision.md).
+# did before: checks of 8-24 rows 1.3-1.6x slower in their products (docs/precision.md).
 PACK_LIMIT = 512 * 2**20
 
 # Each module's packed weights (a fused projection's three), made once and kept as long as the module: `for_adapter`

@@ -283,13 +283,14 @@ static inline __attribute__((always_inline)) void products(const void* w, const 
  *
  * products() reads a weight as it is stored, row by row, so each output's sum runs along k in vector lanes that
  * are added up at the end: for a few activation rows its tiles spend as much on those sums and on reloading the
- * activations as on the products (~130 GFLOP/s over a check of 24 rows on an Intel Xeon). packed_products() reads a
- * copy packed once per model, in blocks of PACK_N outputs laid out k-major (`[N / PACK_N][K][PACK_N]`, zero past
- * the last output): a tile of PACK_ROWS activation rows by PACK_N outputs keeps 24 vector accumulators, loads four
- * weight vectors for each k and multiplies them by each row's x[k] broadcast, one output per lane (~290 GFLOP/s
- * in the same case, 1.6-1.7x over 16 weights in turn; one row slightly faster, docs/precision.md). Every output sums
- * its k in blocks of PACK_K, each block from zero and in order, then the blocks in order: the same bits for a row
- * whatever the row count or the thread count, and, blocked, about the accuracy of products()'s partial sums. */
+ * activations as on the products (24 rows of a 1536 x 512 weight in cache: ~130 GFLOP/s on an Intel Xeon).
+ * packed_products() reads a copy packed once per model, in blocks of PACK_N outputs laid out k-major
+ * (`[N / PACK_N][K][PACK_N]`, zero past the last output): a tile of PACK_ROWS activation rows by PACK_N outputs
+ * keeps 24 vector accumulators, loads four weight vectors for each k and multiplies them by each row's x[k]
+ * broadcast, one output per lane (~290 GFLOP/s in the same case; over a step's 88 MB of weights 1.3-1.6x for 8-24
+ * rows, one row no slower, docs/precision.md). Every output sums its k in blocks of PACK_K, each block from zero
+ * and in order, then the blocks in order: the same bits for a row whatever the row count or the thread count, and,
+ * blocked, about the accuracy of products()'s partial sums. */
 enum { PACK_N = 64, PACK_K = 64, PACK_ROWS = 6 };
 
 /* a + w * x[lane] rounded once, as a fused multiply-add (the same bits however the compiler would contract). */
