@@ -33,14 +33,9 @@ def test_products_match_float64(seed: int) -> None:
     assert ((got.double() - expected).abs() <= 4 * in_features * 2.0 ** -24 * scale + 1e-30).all()
 
 
-@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
-@pytest.mark.parametrize("rows, out_features, in_features", [(4, 2048, 512), (11, 2051, 777), (21, 37, 100),
-                                                             (3, 16, 64), (6, 48, 7)])
-def test_each_row_is_the_same_alone_with_others_and_with_any_threads(kind: str, rows: int, out_features: int,
-                                                                     in_features: int) -> None:
-    # One row takes each weight row in turn, more take tiles of 16 weight rows (and the weight rows past the
-    # last tile one by one): every row gets the same bits either way.
-    generator = torch.Generator().manual_seed(rows)
+def _operands(kind: str, rows: int, out_features: int, in_features: int, seed: int):
+    """Random rows, a weight of `kind` (int8 with a scale per output row), a bias: x, weight, bias, scale."""
+    generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, in_features, generator=generator)
     weight = torch.randn(out_features, in_features, generator=generator)
     scale = None
@@ -49,7 +44,17 @@ def test_each_row_is_the_same_alone_with_others_and_with_any_threads(kind: str, 
             torch.rand(out_features, generator=generator)
     elif kind == "bfloat16":
         weight = weight.to(torch.bfloat16)
-    bias = torch.randn(out_features, generator=generator)
+    return x, weight, torch.randn(out_features, generator=generator), scale
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("rows, out_features, in_features", [(4, 2048, 512), (11, 2051, 777), (21, 37, 100),
+                                                             (3, 16, 64), (6, 48, 7)])
+def test_each_row_is_the_same_alone_with_others_and_with_any_threads(kind: str, rows: int, out_features: int,
+                                                                     in_features: int) -> None:
+    # One row takes each weight row in turn, more take tiles of 16 weight rows (and the weight rows past the
+    # last tile one by one): every row gets the same bits either way.
+    x, weight, bias, scale = _operands(kind, rows, out_features, in_features, seed=rows)
     together = native.rowdot(x, weight, bias, scale)
     for i in range(rows):
         assert torch.equal(native.rowdot(x[i:i + 1], weight, bias, scale)[0], together[i])
@@ -269,16 +274,7 @@ def test_packed_products_give_each_row_its_own_bits_close_to_float64(kind: str, 
                                                                      in_features: int) -> None:
     # A decoder step's products over weights packed in blocks of 64 outputs (native.pack), tiles of 6 rows: any
     # row count, a last block of fewer outputs, k past multiples of 64 (or none at all).
-    generator = torch.Generator().manual_seed(rows + out_features)
-    x = torch.randn(rows, in_features, generator=generator)
-    weight = torch.randn(out_features, in_features, generator=generator)
-    scale = None
-    if kind == "int8":
-        weight, scale = torch.randint(-127, 128, weight.shape, generator=generator, dtype=torch.int8), \
-            torch.rand(out_features, generator=generator)
-    elif kind == "bfloat16":
-        weight = weight.to(torch.bfloat16)
-    bias = torch.randn(out_features, generator=generator)
+    x, weight, bias, scale = _operands(kind, rows, out_features, in_features, seed=rows + out_features)
     packed = native.pack(weight)
     assert packed.shape == (-(-out_features // 64), in_features, 64) and packed.dtype == weight.dtype
     together = native.rowdot_packed(x, packed, out_features, bias, scale)
