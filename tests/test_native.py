@@ -291,5 +291,7 @@ def test_packed_products_give_each_row_its_own_bits_close_to_float64(kind: str, 
     magnitude = x.abs().double() @ widened.abs().T + bias.abs().double()
     assert ((together.double() - expected).abs() <= 4 * (64 + in_features // 64) * 2.0 ** -24 * magnitude
             + 1e-30).all()
-    with pytest.raises(ValueError):  # an int8 weight needs its scales, and only an int8 weight takes them
+    with pytest.raises(ValueError, match="int8 weight needs its scales"):
         native.rowdot_packed(x, packed, out_features, bias, None if kind == "int8" else torch.ones(out_features))
+    with pytest.raises(ValueError, match=f"input of {in_features + 1} features for a weight of {in_features}"):
+        native.rowdot_packed(torch.ones(rows, in_features + 1), packed, out_features, bias, scale)

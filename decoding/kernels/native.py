@@ -177,18 +177,10 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     bfloat16 or int8 `weight`, each weight widened exactly as it is read; an int8 weight's products are multiplied
     by `scale` (one per output row: `y = scale * (x @ weight.T) + bias`). `library()` built."""
     lib = library()
-    # A step calls this ~50 times, so it converts and reshapes nothing it need not (each costs microseconds).
-    if x.dtype != torch.float32 or not x.is_contiguous():
-        x = x.to(torch.float32).contiguous()
     if not weight.is_contiguous():
         weight = weight.contiguous()
     out_features, in_features = weight.shape
-    if x.shape[-1] != in_features:
-        raise ValueError(f"input of {x.shape[-1]} features for a weight of {in_features}")
-    if (weight.dtype == torch.int8) != (scale is not None):
-        raise ValueError("an int8 weight needs its scales, and only an int8 weight takes them")
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.to(torch.float32).contiguous()
+    x, bias, scale = _operands(x, in_features, weight.dtype, bias, scale)
     y = torch.empty(*x.shape[:-1], out_features)
     rows = x.numel() // in_features if in_features else 0
     threads = torch.get_num_threads()
@@ -197,11 +189,25 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         kernel = lib.rowdot_f32 if weight.dtype == torch.float32 else lib.rowdot_bf16
         kernel(x.data_ptr(), weight.data_ptr(), bias_pointer, y.data_ptr(), rows, out_features, in_features, threads)
     else:
-        if scale.dtype != torch.float32 or not scale.is_contiguous():
-            scale = scale.to(torch.float32).contiguous()
         lib.rowdot_i8(x.data_ptr(), weight.data_ptr(), scale.data_ptr(), bias_pointer, y.data_ptr(), rows,
                       out_features, in_features, threads)
     return y
+
+
+def _float32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t if t is None or (t.dtype == torch.float32 and t.is_contiguous()) else t.to(torch.float32).contiguous()
+
+
+def _operands(x: torch.Tensor, in_features: int, weight_dtype: torch.dtype, bias: torch.Tensor | None,
+              scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A product's rows, bias and scales as the kernels read them (float32, contiguous), checked against a weight of
+    `in_features` inputs and `weight_dtype`. A step calls the products ~50 times, so this converts nothing it need
+    not (each conversion costs microseconds)."""
+    if x.shape[-1] != in_features:
+        raise ValueError(f"input of {x.shape[-1]} features for a weight of {in_features}")
+    if (weight_dtype == torch.int8) != (scale is not None):
+        raise ValueError("an int8 weight needs its scales, and only an int8 weight takes them")
+    return _float32(x), _float32(bias), _float32(scale)
 
 
 # Outputs in a block of a packed weight (`PACK_N` in csrc/rowdot.c).
@@ -219,15 +225,11 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 def rowdot_packed(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
                   scale: torch.Tensor | None = None) -> torch.Tensor:
-    """`rowdot`'s product over a `pack`ed weight (as a decoder step multiplies it), for float32 `[M, K]` rows;
-    `library()` built."""
-    x = x.to(torch.float32).contiguous()
+    """`rowdot`'s product over a `pack`ed weight (as a decoder step multiplies it), for `[M, K]` rows; `library()`
+    built."""
+    x, bias, scale = _operands(x, packed.shape[1], packed.dtype, bias, scale)
     rows, in_features = x.shape
-    if packed.shape[1] != in_features or (packed.dtype == torch.int8) != (scale is not None):
-        raise ValueError("the rows, the packed weight and its scales do not fit together")
     y = torch.empty(rows, out_features)
-    scale = scale.to(torch.float32).contiguous() if scale is not None else None
-    bias = bias.to(torch.float32).contiguous() if bias is not None else None
     library().rowdot_packed(x.data_ptr(), packed.data_ptr(), scale.data_ptr() if scale is not None else None,
                             bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, out_features,
                             in_features, WEIGHT_KINDS[packed.dtype], torch.get_num_threads())

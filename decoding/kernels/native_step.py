@@ -54,7 +54,7 @@ def _packed(module: torch.nn.Module, part: int, weight: torch.Tensor) -> torch.T
     """`weight` (part `part` of `module`'s weight) packed as `packed_products` reads it, made at the first call."""
     parts = _PACKED.setdefault(module, {})
     if part not in parts:
-        parts[part] = native.pack(weight.detach())
+        parts[part] = native.pack(weight)
     return parts[part]
 
 

@@ -397,17 +397,6 @@ void rowdot_i8(const float* x, const int8_t* w, const float* scale, const float*
   products(w, x, scale, b, y, M, N, K, I8);
 }
 
-/* packed_products() on its own: w packed as pack() lays it out, kind 0 float32, 1 bfloat16, 2 int8 (with scale). */
-void rowdot_packed(const float* x, const void* w, const float* scale, const float* b, float* y, int64_t M, int64_t N,
-                   int64_t K, int64_t kind, int threads) {
-  #pragma omp parallel num_threads(threads)
-  {
-    if (kind == I8) packed_products(w, x, scale, b, y, M, N, K, I8);
-    else if (kind == BF16) packed_products(w, x, NULL, b, y, M, N, K, BF16);
-    else packed_products(w, x, NULL, b, y, M, N, K, F32);
-  }
-}
-
 /* Attention of a few query rows over many keys, per group g of G (a window's head), all float32 and contiguous:
  * scores[g, r, t] = q[g, r, :] . k[g, t, :]      (q [G, R, D], k [G, T, D], scores [G, R, T])
  * out[g, r, :] = sum_t w[g, r, t] v[g, t, :]      (w [G, R, T], v [G, T, D], out [G, R, D])
@@ -507,6 +496,15 @@ static void step_product(const step_linear* l, const float* x, float* y, int64_t
   } else if (l->kind == I8) products(l->w, x, l->scale, l->bias, y, rows, l->n, l->k, I8);
   else if (l->kind == BF16) products(l->w, x, NULL, l->bias, y, rows, l->n, l->k, BF16);
   else products(l->w, x, NULL, l->bias, y, rows, l->n, l->k, F32);
+}
+
+/* A step's product on its own, over a weight packed as pack() lays it out: kind 0 float32, 1 bfloat16, 2 int8 (with
+ * scale). */
+void rowdot_packed(const float* x, const void* w, const float* scale, const float* b, float* y, int64_t M, int64_t N,
+                   int64_t K, int64_t kind, int threads) {
+  step_linear l = {NULL, scale, b, N, K, kind, w};
+  #pragma omp parallel num_threads(threads)
+  step_product(&l, x, y, M);
 }
 
 static void layer_norm_rows(const float* x, const float* g, const float* b, float* y, int64_t rows, int64_t d,
