@@ -2,6 +2,7 @@
 
     python scripts/bench_native.py [--threads 2] [--repeats 30] [--out docs/figures/native]
     python scripts/bench_native.py --parts steps --widths 1,4,8,17,24,32 --out docs/figures/native-widths
+    python scripts/bench_native.py --parts steps,prompts --widths 1,8,24,32,64 --out docs/figures/native-prompt
 
 1. Each of base's decoder product shapes (and its head in float32 and bfloat16) for 1 and 4 rows, over as many
    distinct weights as fill ~100 MB, so that every call reads its weight from memory as in a step: oneDNN over
@@ -10,11 +11,12 @@
    `--dtype int8` model's kernel without decoding.kernels.native) against decoding.kernels.native's (float32 rows).
 3. A decoder step on the first 30 s of the second sonnet at position ~45, one token and a check of 3 drafts
    (4 rows; `--widths` for others), the head screened and in full, with decoding.kernels.native (the step up to
-   `native_step.STEP_ROWS` tokens) against `onednn_only()`, in turn, as medians;
+   `native_step.PACKED_ROWS` tokens for `base`) against `onednn_only()`, in turn, as medians;
    and one-token steps of the int8 model and of `base-draft:int8` (each built under either kernel choice).
+5. A window's prompt pass (`--prompt-widths` tokens) through the native step against the layers over oneDNN.
 
-Writes docs/figures/native.json and .md (`--out` to change); `--parts` runs some of the four (products,
-int8_products, steps, one_token_steps).
+Writes docs/figures/native.json and .md (`--out` to change); `--parts` runs some of the five (products,
+int8_products, steps, one_token_steps, prompts).
 """
 
 from __future__ import annotations
@@ -137,12 +139,17 @@ def one_token_steps(repeats: int) -> list[dict]:
     return found
 
 
-def steps(repeats: int, widths: list[int]) -> list[dict]:
+def _window() -> tuple:
+    """`base`, its encoder output for the first 30 s of the second sonnet."""
     bundle = load_model("base")
-    model = bundle.model
     samples = load_audio(str(EVALDATA / "longform" / "p002.mp3"))[:30 * 16000]
     features = bundle.feature_extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
-    encoder_output = encode(model, features)
+    return bundle, encode(bundle.model, features)
+
+
+def steps(repeats: int, widths: list[int]) -> list[dict]:
+    bundle, encoder_output = _window()
+    model = bundle.model
     exact = list(range(bundle.special.eot, model.config.vocab_size))
     prompt = torch.tensor([[50258, 50259, 50359, 50363] + list(range(400, 440))])
     configurations = {}
@@ -178,7 +185,37 @@ def steps(repeats: int, widths: list[int]) -> list[dict]:
     return found
 
 
-PARTS = ("products", "int8_products", "steps", "one_token_steps")
+def prompts(repeats: int, widths: list[int]) -> list[dict]:
+    """A window's prompt pass (previous text, then the start of transcript; logits of the last token) over an
+    empty cache, through the native step against the layers over oneDNN, in turn, as medians."""
+    bundle, encoder_output = _window()
+    decoders = {}
+    for kernels in ("native", "oneDNN"):
+        with onednn_only(kernels == "oneDNN"):
+            decoders[kernels] = WhisperDecoderAdapter(bundle.model, encoder_output)
+
+    def pass_ms(kernels: str, prompt: torch.Tensor) -> float:
+        with onednn_only(kernels == "oneDNN"):
+            cache = decoders[kernels].new_cache(1)
+            start = time.perf_counter()
+            decoders[kernels].forward(prompt, cache, 1)
+            return (time.perf_counter() - start) * 1e3
+
+    found = []
+    for width in widths:
+        prompt = torch.tensor([[50361] + list(range(400, 400 + width - 4)) + [50258, 50259, 50359]])
+        times: dict[str, list[float]] = {kernels: [] for kernels in decoders}
+        for _ in range(repeats):
+            for kernels in decoders:
+                times[kernels].append(pass_ms(kernels, prompt))
+        native_ms, onednn_ms = statistics.median(times["native"]), statistics.median(times["oneDNN"])
+        found.append({"tokens": width, "native_ms": round(native_ms, 2), "onednn_ms": round(onednn_ms, 2),
+                      "speedup": round(onednn_ms / native_ms, 2)})
+        print(found[-1], flush=True)
+    return found
+
+
+PARTS = ("products", "int8_products", "steps", "one_token_steps", "prompts")
 
 
 def table(data: dict) -> str:
@@ -198,6 +235,9 @@ def table(data: dict) -> str:
         what = "one token" if row["rows"] == 1 else f"check of {row['rows'] - 1} drafts"
         lines.append(f"| {what} | {row['head']} | {row['onednn_ms']:.2f} | {row['native_ms']:.2f} | "
                      f"{row['speedup']:.2f}x |")
+    for row in data.get("prompts", []):
+        lines.append(f"| prompt pass, {row['tokens']} tokens | last row | {row['onednn_ms']:.2f} | "
+                     f"{row['native_ms']:.2f} | {row['speedup']:.2f}x |")
     for row in data.get("one_token_steps", []):
         lines.append(f"| one token, {row['decoder']} | | {row['onednn_ms']:.2f} | {row['native_ms']:.2f} | "
                      f"{row['speedup']:.2f}x |")
@@ -218,6 +258,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(figure_path("native")), help="writes OUT.json and OUT.md")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which of {', '.join(PARTS)} (comma-separated)")
     parser.add_argument("--widths", default="1,4", help="tokens a step of part 3 feeds (comma-separated)")
+    parser.add_argument("--prompt-widths", default="20,48,100,224", help="tokens of the prompts of part 5")
     args = parser.parse_args()
     use_threads(args.threads)
     if native.library() is None:
@@ -228,7 +269,8 @@ def main() -> None:
     fewer = max(3, args.repeats // 4)
     run = {"products": lambda: products(args.repeats), "int8_products": lambda: int8_products(args.repeats),
            "steps": lambda: steps(fewer, [int(w) for w in args.widths.split(",")]),
-           "one_token_steps": lambda: one_token_steps(fewer)}
+           "one_token_steps": lambda: one_token_steps(fewer),
+           "prompts": lambda: prompts(fewer, [int(w) for w in args.prompt_widths.split(",")])}
     data = {part: run[part]() for part in PARTS if part in parts}
     write_figures(args.out, data, table(data), command_line("bench_native.py"), machine())
 

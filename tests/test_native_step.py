@@ -72,7 +72,7 @@ def test_the_native_step_gives_the_layers_logits_and_cache(precision: str, seed:
         assert (a - b).abs().max() < tolerance * a.abs().max()
 
 
-@pytest.mark.parametrize(("seed", "width"), [(0, 4), (1, 2), (2, 7), (3, 17), (4, STEP_ROWS)])
+@pytest.mark.parametrize(("seed", "width"), [(0, 4), (1, 2), (2, 7), (3, 17), (4, STEP_ROWS), (5, 40)])
 def test_a_check_of_drafts_gives_each_row_a_one_token_steps_bits(seed: int, width: int) -> None:
     model = tiny_whisper(seed=seed)
     decoder = WhisperDecoderAdapter(model, _encoder_output(model, seed))
@@ -88,6 +88,36 @@ def test_a_check_of_drafts_gives_each_row_a_one_token_steps_bits(seed: int, widt
     assert isinstance(decoder._native_step, NativeStep)
     assert torch.equal(checked, steps)
     assert torch.equal(check.keys[..., :one.length, :], one.keys[..., :one.length, :])
+
+
+def test_a_packed_float32_models_prompt_pass_runs_in_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asr.models.precision import quantize_model
+
+    model = tiny_whisper(seed=6)
+    encoder_output = _encoder_output(model, 6)
+    plain, fused = _decoders(model, "model", encoder_output)
+    calls = []
+    original = NativeStep.__call__
+    monkeypatch.setattr(NativeStep, "__call__", lambda step, ids, *rest: calls.append(ids.shape[1]) or
+                        original(step, ids, *rest))
+    prompt = torch.randint(0, 50257, (1, 60), generator=torch.Generator().manual_seed(6))
+    plain_cache, fused_cache = plain.new_cache(1), fused.new_cache(1)
+    expected, got = plain.forward(prompt, plain_cache, 1), fused.forward(prompt, fused_cache, 1)
+    assert calls == [60] and fused._native_step.takes_prompts
+    assert (got - expected).abs().max() < 1e-4 * expected.abs().max()
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    assert (fused_cache.keys[..., :60, :] - plain_cache.keys[..., :60, :]).abs().max() < 1e-4 * \
+        plain_cache.keys[..., :60, :].abs().max()
+    # A drafting copy's prompt and the int8 model's (bfloat16) stay in the layers.
+    calls.clear()
+    copy, _ = low_precision_decoder(model, "int8")
+    draft = WhisperDecoderAdapter(copy, encoder_output, drafting=True)
+    int8_model = quantize_model(tiny_whisper(seed=6))
+    int8 = WhisperDecoderAdapter(int8_model, encoder_output)
+    for decoder in (draft, int8):
+        decoder.forward(prompt, decoder.new_cache(1), 1)
+        assert not decoder._native_step.takes_prompts
+    assert calls == []
 
 
 def test_batches_and_onednn_only_keep_the_layers() -> None:

@@ -127,9 +127,9 @@ class WhisperDecoderAdapter:
         """`forward`'s logits without a graph, the keys and values written from slot `start` (the cache's length
         left to the caller); through the layers alone, never the native step, unless `native_step`."""
         batch, width = input_ids.shape
-        if native_step and start > 0 and attention_mask is None and position_ids is None:
+        if native_step and attention_mask is None and position_ids is None:
             step = self._step()
-            if step is not None and step.applies(cache, width):  # causal over the new tokens, as below
+            if step is not None and (start > 0 or step.takes_prompts) and step.applies(cache, width):  # causal
                 return self.proj_out(step(input_ids, cache, start, num_logits)[None]).float()
         if native_step and isinstance(start, int) and start > 0 and width == 1 and batch > 1:
             hidden = self._rows_step(input_ids, cache, start, attention_mask, position_ids)

@@ -11,7 +11,8 @@ values are bfloat16 values, reads them so. The int8 model (`--dtype int8`, whose
 token table is bfloat16, widened as it is read) takes every pass after its prompt through it, whatever its width,
 so that each row has one step's bits however many drafts are checked with it. A batch of windows' one-token
 steps run as one call too (`rows_step`): the weights read once for all rows, each row its window's own step's
-bits. The prompt pass, the head and every other pass stay as they are.
+bits. A packed float32 model's prompt pass runs here too (below); the head and every other pass stay as they
+are.
 
 A decoder of at most `PACK_LIMIT` bytes of layer weights keeps a packed copy of them (`native.pack`, made once
 per model), which the step's products read instead: blocks of 64 outputs that a tile of 6 rows reads together,
@@ -34,16 +35,24 @@ from decoding.kernels.int8 import Int8Linear
 from decoding.kernels.products import MANY_ROWS, native_rows_allowed
 from decoding.kv_cache import StaticKVCache
 
-# Up to this many new tokens a float32 decoder's pass after its prompt is one native call: a step, and a check of up
-# to 23 drafts (a live update's 16 reference tokens among them), each row with a one-token step's bits. `base` on
-# the AMD EPYC, 2 threads, screened head, ms a pass against the layers over oneDNN: 8 tokens 13.1 / 18.4, 17 tokens
-# 20.5 / 23.4, 24 tokens 27.0 / 29.2, 32 tokens (oneDNN in both) 34.4 / 34.1 (docs/figures/native-widths.md).
+# Up to this many new tokens a float32 decoder's pass after its prompt is one native call where its weights are not
+# packed (larger than `PACK_LIMIT`): a step, and a check of up to 23 drafts, each row with a one-token step's bits.
+# `base` on the AMD EPYC, 2 threads, screened head, ms a pass against the layers over oneDNN, before the packed
+# products: 8 tokens 13.1 / 18.4, 17 tokens 20.5 / 23.4, 24 tokens 27.0 / 29.2, 32 tokens (oneDNN in both) 34.4 /
+# 34.1 (docs/figures/native-widths.md). A packed decoder's passes take it at every width (`PACKED_ROWS`).
 STEP_ROWS = 24
 
 # The most bytes of layer weights whose packed copies (`native.pack`) a decoder's step keeps: tiny to small in
 # float32 (base +88 MB), up to medium in int8. Over them its products read each weight row by row, as every step
 # did before: checks of 8-24 rows 1.3-1.6x slower in their products (docs/precision.md).
 PACK_LIMIT = 512 * 2**20
+
+# Up to this many new tokens a packed float32 decoder's pass is one native call, its prompt pass included (the most a
+# window's prompt and drafts take: 448 positions): over the packed weights it beats the layers over oneDNN at every
+# width measured. `base`, 2 threads, ms a pass, layers / native, on the AMD EPYC: checks (screened head) of 31 drafts
+# 35.3 / 24.3, of 63 drafts 53.1 / 42.2; prompts of 20 tokens 22.8 / 13.2, of 48 35.3 / 23.4, of 224 107.3 / 91.7
+# (docs/figures/native-prompt.md); on the Intel Xeon checks of 63 drafts 26.3 / 25.4.
+PACKED_ROWS = MANY_ROWS - 1
 
 # Each module's packed weights (a fused projection's three), made once and kept as long as the module: `for_adapter`
 # runs for every window. Keyed by the module, so a copy of it (a drafting copy's) never reads another's.
@@ -133,12 +142,16 @@ class NativeStep:
     pass writes them. Build with `for_adapter`."""
 
     def __init__(self, model: native.StepModel, layers: Any, keep: list[torch.Tensor], score_slots: int,
-                 rows: int) -> None:
+                 rows: int, takes_prompts: bool = False) -> None:
         self.model = model
         self.layers = layers  # the ctypes array the model points into
         self.keep = keep  # every tensor a pointer refers to
         self.score_slots = score_slots  # the encoder's frames in whole tiles: a row's cross-attention scores
         self.max_rows = rows
+        # Whether the window's prompt pass runs here too (a packed float32 model's: the same numbers, its products
+        # summed in the step's order; not a draft's, whose bfloat16 prompt products are faster, nor the int8
+        # model's, whose prompt is bfloat16).
+        self.takes_prompts = takes_prompts
         self.scratch = torch.empty(0)
         # The stored window each row of a batch reads (`rows_step`); `remapped` as rows leave or are reordered.
         self.windows = torch.arange(1)
@@ -203,8 +216,9 @@ class NativeStep:
             window_v=adapter.heads * frames * adapter.head_dim)
         # A decoder whose rows must not depend on the pass's width (the int8 model: `adapter.span`) steps through
         # here for every width decoding meets; the others for the widths where one call beats the layers'.
-        rows = MANY_ROWS - 1 if adapter.span is not None else STEP_ROWS
-        native_step = NativeStep(step, layers, keep, -(-frames // 16) * 16, rows)
+        rows = MANY_ROWS - 1 if adapter.span is not None else PACKED_ROWS if pack else STEP_ROWS
+        takes_prompts = pack and adapter.span is None and not drafting and adapter.embed_tokens.dtype == torch.float32
+        native_step = NativeStep(step, layers, keep, -(-frames // 16) * 16, rows, takes_prompts)
         native_step.windows = torch.arange(windows)
         return native_step
 
