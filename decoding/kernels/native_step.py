@@ -51,7 +51,7 @@ PACK_LIMIT = 512 * 2**20
 # window's prompt and drafts take: 448 positions): over the packed weights it beats the layers over oneDNN at every
 # width measured. `base`, 2 threads, ms a pass, layers / native, on the AMD EPYC: checks (screened head) of 31 drafts
 # 35.3 / 24.3, of 63 drafts 53.1 / 42.2; prompts of 20 tokens 22.8 / 13.2, of 48 35.3 / 23.4, of 224 107.3 / 91.7
-# (docs/figures/native-prompt.md); on the Intel Xeon checks of 63 drafts 26.3 / 25.4.
+# (docs/figures/native-prompt.md); on the Intel Xeon the layers of a 64-token pass, no head, 26.3 / 25.4.
 PACKED_ROWS = MANY_ROWS - 1
 
 # Each module's packed weights (a fused projection's three), made once and kept as long as the module: `for_adapter`
