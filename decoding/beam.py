@@ -20,9 +20,9 @@ from typing import Sequence
 import torch
 
 from decoding.adapters import ModelAdapter
-from decoding.engine import GenerationOptions, prefill, token_limit
+from decoding.engine import GenerationOptions, token_limit
 from decoding.filters import LogitsFilter, apply_filters
-from decoding.ragged import RaggedBatch
+from decoding.ragged import RaggedBatch, prefill
 from decoding.stats import GenerationStats
 
 

@@ -2,8 +2,9 @@
 
 Terms: the *model* is the large model whose output we want; the *assistant* (or any draft source) proposes
 tokens. The model's cache always holds every token of a row but the last; a round feeds each row's last token
-plus its k drafts, so one forward pass both checks the drafts and gives the model's own next token. Rows draft,
-accept and rewind by their own amounts (`decoding.ragged`); finished rows leave the batch.
+plus its k drafts, so one forward pass both checks the drafts and gives the model's own next token (a model whose
+prompt pass gives the numbers of its steps takes a lone prompt whole with the first drafts: one pass fewer). Rows
+draft, accept and rewind by their own amounts (`decoding.ragged`); finished rows leave the batch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from decoding.filters import (
     apply_filters,
     sampling_probs,
 )
-from decoding.ragged import RaggedBatch
+from decoding.ragged import RaggedBatch, fused_prompt, logits_back, prefill
 from decoding.schedule import DraftSchedule, make_schedule
 from decoding.stats import GenerationStats
 
@@ -142,16 +143,13 @@ def generate_batch(
     eos = set(options.eos_token_ids)
     batch = RaggedBatch(model, len(rows))
 
-    # 1. Prefill: each row's cache takes every prompt token but the last.
-    found = prefill(batch, [r.tokens for r in rows], options.prompt_logits_at, [r.result.stats for r in rows])
-    for row, logits in zip(rows, found):
-        row.result.prompt_logits = logits
     if draft is not None:
         draft.begin([r.tokens for r in rows], sampling, generator, options.eos_token_ids)
 
     active = rows
+    prefilled = False
     while active:
-        # 2. Draft: up to k tokens per row, leaving room for the model's own token within the limit.
+        # 1. Draft: up to k tokens per row, leaving room for the model's own token within the limit.
         proposals = [Draft([]) for _ in active]
         if draft is not None:
             rooms = [min(r.schedule.next_k(), r.limit - r.generated - 1) for r in active]
@@ -163,9 +161,24 @@ def generate_batch(
                     row.result.stats.assistant_seconds += proposal.seconds
         width = max(len(p.tokens) for p in proposals) + 1
 
-        # 3. Verify: one model pass over each row's last token and its drafts.
+        # 2. Prefill, before the first check: each row's cache takes every prompt token but the last, unless the
+        # whole prompt is fed with that check, in one pass (`ragged.fused_prompt`).
+        back: list[int | None] = [None] * len(active)
+        if not prefilled:
+            prefilled = True
+            if fused_prompt(model, [r.tokens for r in rows], [p.tokens for p in proposals]):
+                back = [logits_back(rows[0].tokens, options.prompt_logits_at)]
+                width += back[0] or 0
+            else:
+                found = prefill(batch, [r.tokens for r in rows], options.prompt_logits_at,
+                                [r.result.stats for r in rows])
+                for row, logits in zip(rows, found):
+                    row.result.prompt_logits = logits
+
+        # 3. Verify: one model pass over each row's tokens not yet in the cache (its last) and its drafts.
         t = time.perf_counter()
-        logits = batch.feed([r.tokens[-1:] + p.tokens for r, p in zip(active, proposals)], width)
+        logits = batch.feed([r.tokens[batch.length(b):] + p.tokens for b, (r, p) in enumerate(zip(active, proposals))],
+                            width)
         elapsed = (time.perf_counter() - t) / len(active)
         row_logits = []
         for b, (row, proposal) in enumerate(zip(active, proposals)):
@@ -173,7 +186,7 @@ def generate_batch(
             row.result.stats.model_seconds += elapsed
             row.result.stats.model_forward_passes += 1
             if row.result.prompt_logits is None and options.prompt_logits_at is not None and row.generated == 0:
-                row.result.prompt_logits = logits[b, width - k - 1].clone()
+                row.result.prompt_logits = logits[b, width - k - 1 - (back[b] or 0)].clone()
             checked = logits[b:b + 1, width - k - 1:]
             if row.filters:
                 context = torch.tensor([row.tokens + proposal.tokens], dtype=torch.long, device=model.device)
@@ -237,42 +250,6 @@ def _new_row(prompt: Sequence[int], options: GenerationOptions, filters: Sequenc
     schedule = make_schedule(options.schedule, options.num_assistant_tokens, options.confidence_threshold)
     return _Row(list(prompt), token_limit(prompt, options), filters, schedule,
                 GenerationResult([], [], GenerationStats(), False))
-
-
-def prefill(batch: RaggedBatch, prompts: Sequence[Sequence[int]], logits_at: int | None,
-            stats: Sequence[GenerationStats]) -> list[torch.Tensor | None]:
-    """Feeds every prompt token but the last, in one pass, counting the pass in each prompt's `stats`.
-
-    Returns:
-        Per prompt, its logits at `logits_at` when this pass computes them; None when not asked for, or when
-        that position is the prompt's last token (its logits come with the first step instead).
-
-    Raises:
-        ValueError: `logits_at` outside a prompt.
-    """
-    # How far each wanted position is from the end of its prompt's input (rows are left-padded, so the logits of
-    # the last `num_logits` columns cover every row's wanted position).
-    back: list[int | None] = [None] * len(prompts)
-    if logits_at is not None:
-        for b, prompt in enumerate(prompts):
-            at = logits_at if logits_at >= 0 else len(prompt) + logits_at
-            if not 0 <= at < len(prompt):
-                raise ValueError(f"prompt_logits_at={logits_at} is outside a prompt of {len(prompt)} tokens")
-            back[b] = len(prompt) - 1 - at if at < len(prompt) - 1 else None
-    found: list[torch.Tensor | None] = [None] * len(prompts)
-    inputs = [list(prompt[:-1]) for prompt in prompts]
-    if not any(inputs):
-        return found
-    num_logits = max((k for k in back if k is not None), default=0)
-    t = time.perf_counter()
-    logits = batch.feed(inputs, num_logits)
-    elapsed = (time.perf_counter() - t) / len(prompts)
-    for b, prompt_stats in enumerate(stats):
-        prompt_stats.model_forward_passes += 1
-        prompt_stats.model_seconds += elapsed
-        if back[b] is not None:
-            found[b] = logits[b, num_logits - back[b]].clone()
-    return found
 
 
 def _extend(row: _Row, proposal: Draft, accepted: int, kept: list[int], kept_logprobs: list[float],

@@ -3,16 +3,19 @@
 Each row's tokens sit in cache slots in order. When drafts are rejected, a row rewinds: with one row the
 cache is simply cropped; with several, the rejected slots become holes that an explicit attention mask hides
 (and trailing slots that no row uses any more are cropped). Rows may thus draft, accept and rewind by
-different amounts in every round, which is what batched assisted decoding needs.
+different amounts in every round, which is what batched assisted decoding needs. A prompt enters the cache before
+the first round (`prefill`), or with the first round's drafts where the model allows (`fused_prompt`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import torch
 
 from decoding.adapters import ModelAdapter
+from decoding.stats import GenerationStats
 
 
 class RaggedBatch:
@@ -124,3 +127,50 @@ class RaggedBatch:
         self.valid = self.valid[index]
         self.slots = [list(self.slots[r]) for r in rows]
         self._trim()
+
+
+def fused_prompt(model: ModelAdapter, prompts: Sequence[Sequence[int]], drafts: Sequence[Sequence[int]]) -> bool:
+    """Whether a lone prompt is fed whole with its first drafts in one pass: where the model says such a pass gives
+    every token the numbers its steps would (`prompt_takes_steps(width)`), one pass fewer changes nothing."""
+    takes = getattr(model, "prompt_takes_steps", None)
+    return len(prompts) == 1 and takes is not None and bool(takes(len(prompts[0]) + len(drafts[0])))
+
+
+def logits_back(prompt: Sequence[int], logits_at: int | None) -> int | None:
+    """How many tokens before the prompt's last `logits_at` is (None: not asked for, or the last itself)."""
+    if logits_at is None:
+        return None
+    at = logits_at if logits_at >= 0 else len(prompt) + logits_at
+    if not 0 <= at < len(prompt):
+        raise ValueError(f"prompt_logits_at={logits_at} is outside a prompt of {len(prompt)} tokens")
+    return len(prompt) - 1 - at if at < len(prompt) - 1 else None
+
+
+def prefill(batch: RaggedBatch, prompts: Sequence[Sequence[int]], logits_at: int | None,
+            stats: Sequence[GenerationStats]) -> list[torch.Tensor | None]:
+    """Feeds every prompt token but the last, in one pass, counting the pass in each prompt's `stats`.
+
+    Returns:
+        Per prompt, its logits at `logits_at` when this pass computes them; None when not asked for, or when
+        that position is the prompt's last token (its logits come with the first step instead).
+
+    Raises:
+        ValueError: `logits_at` outside a prompt.
+    """
+    # How far each wanted position is from the end of its prompt's input (rows are left-padded, so the logits of
+    # the last `num_logits` columns cover every row's wanted position).
+    back = [logits_back(prompt, logits_at) for prompt in prompts]
+    found: list[torch.Tensor | None] = [None] * len(prompts)
+    inputs = [list(prompt[:-1]) for prompt in prompts]
+    if not any(inputs):
+        return found
+    num_logits = max((k for k in back if k is not None), default=0)
+    t = time.perf_counter()
+    logits = batch.feed(inputs, num_logits)
+    elapsed = (time.perf_counter() - t) / len(prompts)
+    for b, prompt_stats in enumerate(stats):
+        prompt_stats.model_forward_passes += 1
+        prompt_stats.model_seconds += elapsed
+        if back[b] is not None:
+            found[b] = logits[b, num_logits - back[b]].clone()
+    return found

@@ -9,8 +9,9 @@ import torch
 from asr.assist.assistants import low_precision_decoder
 from asr.whisper.decoder import WhisperDecoderAdapter
 from decoding.kernels import native, products
+from decoding.kernels import native_step as native_step_module
 from decoding.kernels.int8 import Int8Linear
-from decoding.kernels.native_step import STEP_ROWS, NativeStep
+from decoding.kernels.native_step import STEP_ROWS, NativeStep, int8_prompts_here
 from tests.conftest import SAMPLES
 from tests.test_ct2 import tiny_whisper
 
@@ -44,7 +45,10 @@ def _decoders(model: torch.nn.Module, precision: str, encoder_output: torch.Tens
 
 @pytest.mark.parametrize("precision", ["model", "int8 model", "fp32", "int8"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_native_step_gives_the_layers_logits_and_cache(precision: str, seed: int) -> None:
+def test_the_native_step_gives_the_layers_logits_and_cache(precision: str, seed: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both prompts through the layers: the int8 model's in its step is another test's.
+    monkeypatch.setattr(native_step_module, "int8_prompts_here", lambda: False)
     model = tiny_whisper(seed=seed)
     encoder_output = _encoder_output(model, seed)
     plain, fused = _decoders(model, precision, encoder_output)
@@ -108,16 +112,34 @@ def test_a_packed_float32_models_prompt_pass_runs_in_the_step(monkeypatch: pytes
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
     assert (fused_cache.keys[..., :60, :] - plain_cache.keys[..., :60, :]).abs().max() < 1e-4 * \
         plain_cache.keys[..., :60, :].abs().max()
-    # A drafting copy's prompt and the int8 model's (bfloat16) stay in the layers.
+    # A drafting copy's prompt stays in the layers; the int8 model's (bfloat16 there) too on a CPU with AMX.
     calls.clear()
     copy, _ = low_precision_decoder(model, "int8")
     draft = WhisperDecoderAdapter(copy, encoder_output, drafting=True)
+    draft.forward(prompt, draft.new_cache(1), 1)
+    assert not draft._native_step.takes_prompts and calls == []
     int8_model = quantize_model(tiny_whisper(seed=6))
     int8 = WhisperDecoderAdapter(int8_model, encoder_output)
-    for decoder in (draft, int8):
-        decoder.forward(prompt, decoder.new_cache(1), 1)
-        assert not decoder._native_step.takes_prompts
-    assert calls == []
+    int8.forward(prompt, int8.new_cache(1), 1)
+    assert int8._native_step.takes_prompts == int8_prompts_here()
+    assert calls == ([60] if int8_prompts_here() else [])
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_the_int8_models_prompt_runs_in_its_step_without_amx(amx: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from asr.models.precision import quantize_model
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    model = tiny_whisper(seed=7)
+    encoder_output = _encoder_output(model, 7)
+    model = quantize_model(model)
+    decoder, layers = WhisperDecoderAdapter(model, encoder_output), WhisperDecoderAdapter(model, encoder_output)
+    layers._native_step = False
+    prompt = torch.randint(0, 50257, (1, 30), generator=torch.Generator().manual_seed(7))
+    got, expected = decoder.forward(prompt, decoder.new_cache(1), 1), layers.forward(prompt, layers.new_cache(1), 1)
+    assert decoder._native_step.takes_prompts == (not amx) == decoder.prompt_takes_steps(30)
+    # The step's int8 products against the layers' bfloat16 ones: close, not equal.
+    assert (got - expected).abs().max() < 2e-2 * expected.abs().max()
 
 
 def test_batches_and_onednn_only_keep_the_layers() -> None:
@@ -235,3 +257,46 @@ def test_assisted_decoding_over_the_native_step_gives_the_models_words(tiny_whis
         assert [s.tokens for s in assisted.segments] == [s.tokens for s in plain.segments]
         assert assisted.text == plain.text
     assert calls
+
+
+@pytest.mark.parametrize(("seed", "k", "logits_at", "int8"),
+                         [(0, 0, None, False), (1, 0, -1, False), (2, 0, -3, False), (3, 3, None, False),
+                          (4, 1, -3, False), (5, 0, -3, True), (6, 3, None, True)])
+def test_a_prompt_fed_with_the_first_check_changes_no_bit(seed: int, k: int, logits_at: int | None, int8: bool,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder whose prompt runs in its step (packed float32; the int8 model without AMX) takes a lone prompt
+    whole with the first drafts (`prompt_takes_steps`): the tokens, log-probabilities and prompt logits of
+    prefilling it first, bit for bit, in one pass fewer. At most 4 rows of logits a pass, as more are oneDNN's head,
+    whose sums depend on the rows."""
+    from asr.models.precision import quantize_model
+    from decoding import GenerationOptions, ReferenceDraft, generate
+
+    if int8 and not int8_prompts_here():
+        pytest.skip("the int8 model's prompt runs in bfloat16 on a CPU with AMX")
+    model = tiny_whisper(seed=seed)
+    encoder_output = _encoder_output(model, seed)
+    model = quantize_model(model) if int8 else model
+    generator = torch.Generator().manual_seed(seed)
+    prompt = PROMPT[0, :4].tolist() + torch.randint(0, 50257, (20,), generator=generator).tolist()
+    options = GenerationOptions(max_new_tokens=24, prompt_logits_at=logits_at, schedule="constant",
+                                num_assistant_tokens=max(k, 1))
+
+    def run(fused: bool, reference: list[int] | None):
+        if not fused:
+            monkeypatch.setattr(WhisperDecoderAdapter, "prompt_takes_steps", lambda self, width: False)
+        draft = ReferenceDraft(reference) if reference is not None else None
+        result = generate(WhisperDecoderAdapter(model, encoder_output), prompt, options, draft)
+        monkeypatch.undo()
+        return result
+
+    reference = None
+    if k:  # the model's own tokens with one changed: drafts kept, one rejected, the reference found again
+        reference = run(False, None).tokens
+        reference[10] = (reference[10] + 1) % 50257
+    first, fused = run(False, reference), run(True, reference)
+    assert fused.tokens == first.tokens and fused.logprobs == first.logprobs
+    assert fused.stats.model_forward_passes == first.stats.model_forward_passes - 1
+    if logits_at is not None:
+        assert torch.equal(fused.prompt_logits, first.prompt_logits)
+    if k:
+        assert fused.stats.accepted_tokens == first.stats.accepted_tokens > 0

@@ -121,6 +121,12 @@ class WhisperDecoderAdapter:
         cache.length = end
         return logits
 
+    def prompt_takes_steps(self, width: int) -> bool:
+        """Whether one window's pass over its whole prompt and first drafts, `width` tokens in all, gives every
+        token the numbers a step gives it (the native step takes the prompt), so the engine may feed them at once."""
+        step = self._step() if self.batch_size == 1 else None
+        return step is not None and step.takes_prompts and 0 < width <= step.max_rows
+
     def pass_through_layers(self, input_ids: torch.Tensor, cache: StaticKVCache, start: int, num_logits: int,
                             attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                             native_step: bool = True) -> torch.Tensor:

@@ -54,6 +54,15 @@ PACK_LIMIT = 512 * 2**20
 # (docs/figures/native-prompt.md); on the Intel Xeon the layers of a 64-token pass, no head, 26.3 / 25.4.
 PACKED_ROWS = MANY_ROWS - 1
 
+def int8_prompts_here() -> bool:
+    """Whether the int8 model's prompt passes run in its step rather than over its weights in bfloat16: on CPUs
+    without AMX. The AMD EPYC (AVX512-BF16), `base`, 2 threads, ms a prompt pass, bfloat16 / step: 20 tokens 22.5 /
+    10.1, 48 28.7 / 19.9, 100 45.2 / 39.8, 224 88.0 / 87.9; the same text on the 65 English WER recordings and
+    the 51 in other languages (docs/precision.md). AMX's bfloat16 tiles, where the int8 model's prompts and
+    products of many rows gain most, were not measured against it."""
+    return not torch.cpu._is_amx_tile_supported()
+
+
 # Each module's packed weights (a fused projection's three), made once and kept as long as the module: `for_adapter`
 # runs for every window. Keyed by the module, so a copy of it (a drafting copy's) never reads another's.
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, torch.Tensor]]" = weakref.WeakKeyDictionary()
@@ -149,8 +158,8 @@ class NativeStep:
         self.score_slots = score_slots  # the encoder's frames in whole tiles: a row's cross-attention scores
         self.max_rows = rows
         # Whether the window's prompt pass runs here too (a packed float32 model's: the same numbers, its products
-        # summed in the step's order; not a draft's, whose bfloat16 prompt products are faster, nor the int8
-        # model's, whose prompt is bfloat16).
+        # summed in the step's order; the int8 model's where `int8_prompts_here`, else bfloat16; not a draft's,
+        # whose bfloat16 prompt products are faster).
         self.takes_prompts = takes_prompts
         self.scratch = torch.empty(0)
         # The stored window each row of a batch reads (`rows_step`); `remapped` as rows leave or are reordered.
@@ -217,7 +226,8 @@ class NativeStep:
         # A decoder whose rows must not depend on the pass's width (the int8 model: `adapter.span`) steps through
         # here for every width decoding meets; the others for the widths where one call beats the layers'.
         rows = MANY_ROWS - 1 if adapter.span is not None else PACKED_ROWS if pack else STEP_ROWS
-        takes_prompts = pack and adapter.span is None and not drafting and adapter.embed_tokens.dtype == torch.float32
+        takes_prompts = not drafting and (pack and adapter.span is None and adapter.embed_tokens.dtype == torch.float32
+                                          or adapter.span is not None and int8_prompts_here())
         native_step = NativeStep(step, layers, keep, -(-frames // 16) * 16, rows, takes_prompts)
         native_step.windows = torch.arange(windows)
         return native_step
