@@ -135,8 +135,15 @@ def _tiles(keys: torch.Tensor) -> torch.Tensor:
     """`[heads, frames, head_dim]` cross-attention keys in `decoder_step`'s layout: tiles of 16 frames, each
     `head_dim` rows of 16 (`[heads, tiles, head_dim, 16]`), zero past the last frame."""
     heads, frames, head_dim = keys.shape
-    padded = torch.nn.functional.pad(keys, (0, 0, 0, -frames % 16))
-    return padded.view(heads, -1, 16, head_dim).transpose(2, 3).contiguous()
+    whole = frames // 16 * 16
+    # Written in place, not padded first: one copy of the keys, not two (every window; base's six layers on the AMD
+    # EPYC 2.3-2.9 -> 1.6 ms).
+    tiles = torch.empty(heads, -(-frames // 16), head_dim, 16, dtype=keys.dtype)
+    tiles[:, :whole // 16] = keys[:, :whole].view(heads, -1, 16, head_dim).transpose(2, 3)
+    if whole < frames:
+        tiles[:, -1] = 0
+        tiles[:, -1, :, :frames - whole] = keys[:, whole:].transpose(1, 2)
+    return tiles
 
 
 def _norm(norm: Any, keep: list[torch.Tensor]) -> tuple[int, int] | None:
