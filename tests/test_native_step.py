@@ -300,3 +300,16 @@ def test_a_prompt_fed_with_the_first_check_changes_no_bit(seed: int, k: int, log
         assert torch.equal(fused.prompt_logits, first.prompt_logits)
     if k:
         assert fused.stats.accepted_tokens == first.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_prompt_logits_outside_the_prompt_are_one_clear_error(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from decoding import GenerationOptions, generate
+
+    model = tiny_whisper(seed=8)
+    decoder = WhisperDecoderAdapter(model, _encoder_output(model, 8))
+    if not fused:
+        monkeypatch.setattr(WhisperDecoderAdapter, "prompt_takes_steps", lambda self, width: False)
+    assert decoder.prompt_takes_steps(4) == fused
+    with pytest.raises(ValueError, match=r"^prompt_logits_at=-9 is outside a prompt of 4 tokens$"):
+        generate(decoder, PROMPT[0, :4].tolist(), GenerationOptions(max_new_tokens=2, prompt_logits_at=-9))

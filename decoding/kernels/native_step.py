@@ -54,6 +54,7 @@ PACK_LIMIT = 512 * 2**20
 # (docs/figures/native-prompt.md); on the Intel Xeon the layers of a 64-token pass, no head, 26.3 / 25.4.
 PACKED_ROWS = MANY_ROWS - 1
 
+
 def int8_prompts_here() -> bool:
     """Whether the int8 model's prompt passes run in its step rather than over its weights in bfloat16: on CPUs
     without AMX. The AMD EPYC (AVX512-BF16), `base`, 2 threads, ms a prompt pass, bfloat16 / step: 20 tokens 22.5 /
