@@ -185,7 +185,7 @@ def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path) -> None
 
 def test_a_failed_build_is_one_warning_and_onednn(monkeypatch, tmp_path, caplog) -> None:
     monkeypatch.setenv("ASSISTED_WHISPER_CACHE", str(tmp_path))
-    monkeypatch.setattr(native, "SOURCE", tmp_path / "missing.c")
+    monkeypatch.setattr(native, "SOURCES", (tmp_path / "missing.c",))
     (tmp_path / "missing.c").write_text("this is not C\n")
     native.library.cache_clear()
     try:
@@ -257,7 +257,7 @@ def test_a_float32_row_exact_self_attention_gives_each_row_its_own_bits() -> Non
 
 def test_a_missing_source_is_one_warning_and_onednn(monkeypatch, tmp_path, caplog) -> None:
     monkeypatch.setenv("ASSISTED_WHISPER_CACHE", str(tmp_path))
-    monkeypatch.setattr(native, "SOURCE", tmp_path / "gone.c")
+    monkeypatch.setattr(native, "SOURCES", (native.SOURCES[0], tmp_path / "gone.c"))  # one of the two missing
     native.library.cache_clear()
     try:
         with caplog.at_level("WARNING", logger="decoding.kernels.native"):

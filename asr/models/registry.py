@@ -53,6 +53,7 @@ from asr.models.precision import (
 )
 from asr.models.tokenizer import SpecialTokens, build_generation_config, special_tokens
 from audio.constants import CHUNK_LENGTH, HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE
+from decoding.kernels.encoder_attention import use_native_encoder_attention
 from decoding.kernels.products import use_cpu_kernels
 
 __all__ = ["ModelFileError", "ModelInfo", "ModelNotFoundError", "SpecialTokens", "UnsupportedModelError",
@@ -207,6 +208,7 @@ def _load_folder(src: str, name: str, source: str, device: str, dtype: Precision
         # An offloaded model is short of memory: no second, packed copy of its head (106 MB for base in
         # float32, ~10 % of a pass; docs/offload.md).
         use_cpu_kernels(model, pack_head=offload is None)
+        use_native_encoder_attention(model.get_encoder())  # a bfloat16 encoder (int8, bfloat16) without AMX
         if dtype == torch.bfloat16:
             pack_decoder(model)
     try:

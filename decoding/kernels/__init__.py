@@ -1,5 +1,6 @@
-"""The speed machinery under a decoder's steps; the generic engine (`decoding.engine`, drafts, schedules, beam
-search, caches) reads and runs without it: only the adapters reach it.
+"""The speed machinery under a decoder's steps (and a bfloat16 encoder's attention); the generic engine
+(`decoding.engine`, drafts, schedules, beam search, caches) reads and runs without it: only the adapters (and the
+model loader, for the encoder) reach it.
 
 - `products`: the CPU products and attention (oneDNN, `WidenedLinear`, `Attention`) and the switches that turn
   them off for comparisons (`reference_kernels`, `onednn_only`, `full_head`).
@@ -8,7 +9,9 @@ search, caches) reads and runs without it: only the adapters reach it.
 - `screened_head`: a float32 head's greedy argmax screened through bfloat16 or int8.
 - `native_step`: a decoder step of a few tokens as one native call.
 - `graphed_step`: a decoder's steps on a GPU as replayed CUDA graphs.
+- `encoder_attention`: a bfloat16 encoder's self-attention in one native call (AVX512-BF16 without AMX).
 
-The Whisper adapter (`asr.whisper.decoder`) and the text models' direct passes (`decoding.causal_lm`) use them;
-nothing here imports `asr`.
+The Whisper adapter (`asr.whisper.decoder`), the text models' direct passes (`decoding.causal_lm`) and the
+model loader (`asr.models.registry`: `use_cpu_kernels`, `use_native_encoder_attention`) use them; nothing here
+imports `asr`.
 """

@@ -1,5 +1,5 @@
 """Row-by-row products and attention for decoder steps on a CPU, compiled on this machine at first use
-(`csrc/rowdot.c`).
+(`csrc/rowdot.c`; with it `csrc/encoder_attention.c`, a bfloat16 encoder's attention: `encoder_attention`).
 
 A decoder step multiplies one to a few rows by every weight matrix and attends over 1,500 encoder frames, so its
 time is reading weights, keys and values. oneDNN's and MKL's products for so few rows read a float32 weight at
@@ -8,9 +8,9 @@ loop in which each thread streams its own block of rows once, with four vector a
 so do the attention kernels over keys and values laid out as they are. Every sum runs in one fixed order per row,
 so a row's result is the same whatever rows are computed beside it.
 
-The C file is compiled once per machine with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`;
+The C files are compiled once per machine with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`;
 `-O3 -march=native -fopenmp`) into the cache folder (`$ASSISTED_WHISPER_CACHE`, else
-`$XDG_CACHE_HOME/assisted-whisper`, else `~/.cache/assisted-whisper`), under a name that hashes the source, the
+`$XDG_CACHE_HOME/assisted-whisper`, else `~/.cache/assisted-whisper`), under a name that hashes the sources, the
 compiler and the CPU's flags. Without a compiler `library()` is None and the callers keep oneDNN (logged);
 `decoding.kernels.products.onednn_only()` keeps oneDNN without building anything.
 """
@@ -32,7 +32,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "rowdot.c"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("rowdot.c", "encoder_attention.c"))
 VERSION = 10
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.products.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
@@ -66,13 +66,13 @@ def _compiler() -> str | None:
 
 
 def _build(compiler: str, target: Path) -> None:
-    """Compiles the source into `target` through a temporary file renamed into place (processes may race)."""
+    """Compiles the sources into `target` through a temporary file renamed into place (processes may race)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(handle)
     try:
-        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-lm",
-                        "-o", temporary], check=True, capture_output=True, timeout=120)
+        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *map(str, SOURCES),
+                        "-lm", "-o", temporary], check=True, capture_output=True, timeout=120)
         os.replace(temporary, target)
     finally:
         if os.path.exists(temporary):
@@ -90,7 +90,8 @@ def library() -> ctypes.CDLL | None:
         logger.info("no C compiler found: decoder steps use oneDNN's products")
         return None
     try:
-        key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), compiler.encode(), _cpu_flags().encode(),
+        sources = [source.read_bytes() for source in SOURCES]
+        key = hashlib.sha256(b"\0".join([*sources, compiler.encode(), _cpu_flags().encode(),
                                          platform.machine().encode()])).hexdigest()[:16]
         target = _cache_root() / "native" / f"rowdot-{key}.so"
         if not target.exists():
@@ -121,6 +122,8 @@ def library() -> ctypes.CDLL | None:
     lib.decoder_step_windows.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4
                                          + [ctypes.c_int])
     lib.decoder_step_windows.restype = None
+    lib.encoder_attention.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int]
+    lib.encoder_attention.restype = ctypes.c_int
     return lib
 
 

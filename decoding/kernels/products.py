@@ -59,6 +59,11 @@ def reference_kernels(on: bool = True) -> contextlib.AbstractContextManager[None
     return _switched(_REFERENCE, on)
 
 
+def in_reference_kernels() -> bool:
+    """Whether a `reference_kernels()` block is running."""
+    return _REFERENCE.get()
+
+
 def full_head(on: bool = True) -> contextlib.AbstractContextManager[None]:
     """Within the block, greedy decoding computes every logit of a float32 head in float32 when `on` (this
     library's other kernels stay), for comparisons with the screened head."""
