@@ -54,7 +54,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale
     64]` bfloat16 (the layout an attention block's output projection reads). `available()` must hold.
 
     Raises:
-        MemoryError: no memory for the keys and values regrouped (two copies of them).
+        MemoryError: no memory for the keys and values regrouped (two copies of them) or a thread's scores.
     """
     batch, heads, frames, width = query.shape
     query, key, value = (t.contiguous() for t in (query, key, value))
@@ -62,7 +62,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale
     status = native.library().encoder_attention(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(),
                                                 batch, heads, frames, scale, torch.get_num_threads())
     if status != 0:
-        raise MemoryError("no memory for the encoder attention's regrouped keys and values")
+        raise MemoryError("no memory for the encoder attention's regrouped keys and values or scores")
     return out
 
 

@@ -132,7 +132,7 @@ static void weigh_values(const uint16_t* probs, const uint32_t* pairs, int64_t p
   }
 }
 
-/* Returns 0, or -1 where memory for the regrouped keys and values could not be had (nothing written). */
+/* Returns 0, or -1 where memory for the regrouped keys and values or a thread's rows could not be had. */
 int encoder_attention(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out, int64_t B,
                       int64_t H, int64_t L, float scale, int threads) {
   int64_t padded = (L + TILE - 1) / TILE * TILE, heads = B * H, blocks = (L + ROWS - 1) / ROWS;
@@ -147,13 +147,16 @@ int encoder_attention(const uint16_t* q, const uint16_t* k, const uint16_t* v, u
   for (int64_t h = 0; h < heads; ++h)
     pack_head((const uint32_t*)(k + h * L * D), v + h * L * D, L, padded, tiles + h * padded * PAIRS,
               pairs + h * padded * PAIRS);
-#pragma omp parallel num_threads(threads)
+  int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
   {
     float* scores = aligned_alloc(64, (size_t)(GROUP * padded * 4));
     uint16_t* probs = aligned_alloc(64, (size_t)(GROUP * padded * 2));
+    failed = scores == NULL || probs == NULL;
 #pragma omp for schedule(static) collapse(2)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t block = 0; block < blocks; ++block) {
+        if (failed) continue;  // this thread's rows are left unwritten, and the call returns -1
         const uint32_t* head_tiles = tiles + h * padded * PAIRS;
         const uint32_t* head_pairs = pairs + h * padded * PAIRS;
         int64_t b = h / H, head = h % H;
@@ -176,7 +179,7 @@ int encoder_attention(const uint16_t* q, const uint16_t* k, const uint16_t* v, u
   }
   free(tiles);
   free(pairs);
-  return 0;
+  return failed ? -1 : 0;
 }
 
 #else
