@@ -3,12 +3,14 @@ a time; every answer checked against `transcribe`'s words, and the server's memo
 
     python scripts/bench_serve.py                                    # -> docs/figures/serve.{json,md}
     python scripts/bench_serve.py --model tiny.en --memory 1000 --rounds 0 --out docs/figures/serve-memory
+    python scripts/bench_serve.py --dtype int8 --out docs/figures/serve-int8
 
 A round: the requests one at a time (each waits for the last answer), then all of them at once from
 `--clients` threads; rounds interleave the two so that both see the same machine. The requests: English
 evaluation recordings of 10-30 s (client i sends recording i modulo their number). The server runs as
-`asr serve` in its own process with `--threads` (2), `--max-batch` (16) and the default `--assistant auto`;
-the reference words come from `transcribe` in this process with the same model and assistant. `--memory N`
+`asr serve` in its own process with `--threads` (2), `--max-batch` (16), `--dtype` (float32) and the default
+`--assistant auto`; the reference words come from `transcribe` in this process with the same model, precision and
+assistant. `--memory N`
 then sends N more requests (the shortest recording, `--clients` at a time) and samples the server's resident
 memory after each tenth of them.
 """
@@ -37,20 +39,22 @@ def _recordings() -> list[dict]:
     return items
 
 
-def _reference_texts(model: str, paths: list[str], threads: int) -> list[str]:
+def _reference_texts(model: str, dtype: str, paths: list[str], threads: int) -> list[str]:
     from asr.assist.choose import load_pair
+    from asr.models.precision import resolve_precision
     from asr.transcription import Transcriber
 
     use_threads(threads)
-    bundle, assistant = load_pair(model, "auto")
+    bundle, assistant = load_pair(model, "auto", dtype=resolve_precision(dtype, "cpu"))
     transcriber = Transcriber(bundle, assistant=assistant)
     return [transcriber.transcribe_many([path], batch_size=1)[0].text.strip() for path in paths]
 
 
-def _start_server(model: str, threads: int, max_batch: int) -> tuple[subprocess.Popen, str]:
+def _start_server(model: str, dtype: str, threads: int, max_batch: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "asr", "serve", "--model", model, "--port", str(port),
-                                "--threads", str(threads), "--max-batch", str(max_batch), "--max-queue", "256",
+    process = subprocess.Popen([sys.executable, "-m", "asr", "serve", "--model", model, "--dtype", dtype,
+                                "--port", str(port), "--threads", str(threads), "--max-batch", str(max_batch),
+                                "--max-queue", "256",
                                 "--log-level", "warning"], cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     import requests
@@ -102,6 +106,7 @@ def _percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="base")
+    parser.add_argument("--dtype", default="float32", help="the model's precision (`asr serve --dtype`)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -114,11 +119,11 @@ def main() -> None:
     items = _recordings()
     paths = [items[i % len(items)]["audio"] for i in range(args.clients)]
     seconds = sum(items[i % len(items)]["duration_s"] for i in range(args.clients))
-    expected = _reference_texts(args.model, paths, args.threads) if args.rounds else []
+    expected = _reference_texts(args.model, args.dtype, paths, args.threads) if args.rounds else []
     found = machine()
-    process, url = _start_server(args.model, args.threads, args.max_batch)
+    process, url = _start_server(args.model, args.dtype, args.threads, args.max_batch)
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600)
-    data: dict = {"model": args.model, "clients": args.clients, "max_batch": args.max_batch,
+    data: dict = {"model": args.model, "dtype": args.dtype, "clients": args.clients, "max_batch": args.max_batch,
                   "audio_seconds": round(seconds, 2), "recordings": sorted({Path(p).name for p in paths}), "rounds": []}
     try:
         _ask(client, paths[0])  # warm up: the first pass of each kernel
@@ -164,7 +169,8 @@ def _table(data: dict) -> str:
         latency = [x for r in rounds for x in r["concurrent_latency"]]
         exact = all(r["serial_exact"] and r["concurrent_exact"] for r in rounds)
         audio = data["audio_seconds"]
-        lines += [f"{data['clients']} requests of 10-30 s ({audio:.0f} s of audio), `{data['model']}`, "
+        lines += [f"{data['clients']} requests of 10-30 s ({audio:.0f} s of audio), `{data['model']}` "
+                  f"({data.get('dtype', 'float32')}), "
                   f"--max-batch {data['max_batch']}, median of {len(rounds)} interleaved rounds:", "",
                   "| | wall s | audio s per s | latency p50 s | latency p99 s | answers = `transcribe` |",
                   "| --- | --- | --- | --- | --- | --- |",
