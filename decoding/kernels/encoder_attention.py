@@ -2,9 +2,10 @@
 (`csrc/encoder_attention.c`).
 
 There PyTorch's flash attention for bfloat16 runs at about its float32 speed, and attention is about half of a
-bfloat16 encoder pass (`base` on an AMD EPYC: 36 ms of a layer's ~68; docs/precision.md). The kernel does both
-products with AVX512-BF16's pair dot products, keeping in float32 what PyTorch's kernel keeps in float32 (the
-scores, the softmax and the sums) and rounding the probabilities to bfloat16 for the second product as it does.
+bfloat16 encoder pass (`base` on an AMD EPYC: 30.5 ms of a layer's ~63; with the kernel 13.2 ms;
+docs/precision.md). The kernel does both products with AVX512-BF16's pair dot products, keeping in float32 what
+PyTorch's kernel keeps in float32 (the scores, the softmax and the sums) and rounding the probabilities to bfloat16
+for the second product as it does.
 The results differ from PyTorch's in the last bits (the order of the sums), as much as its own differ from a float32
 reference. On AMX CPUs PyTorch's bfloat16 attention already runs on the tiles, and stays.
 

@@ -1,7 +1,7 @@
 /* Self-attention of a bfloat16 encoder over all its frames, for CPUs with AVX512-BF16 but no AMX.
  *
  * PyTorch's flash attention for bfloat16 on such a CPU runs at about its float32 speed (the AMD EPYC of
- * docs/benchmarks.md: 36 ms a layer of `base`, 8 heads over 1,500 frames, against 37 ms in float32), where
+ * docs/figures/encoder-attention.md: 30.5 ms a call of `base`, 8 heads over 1,500 frames, 30.3 ms in float32), where
  * AVX512-BF16's dot products of bfloat16 pairs (vdpbf16ps) do twice a float32 FMA's work. Here both products
  * use them, with what flash attention keeps in float32 kept in float32:
  *   scores = q . k in float32 from bfloat16 pairs (scale applied after), softmax in float32 over the whole row,
