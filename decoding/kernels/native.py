@@ -33,6 +33,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("rowdot.c", "encoder_attention.c"))
+# Read by the sources (`#include`): part of what the library is built from, so part of its name.
+HEADERS = (Path(__file__).with_name("csrc") / "vector_exp.h",)
 VERSION = 10
 # Up to this many activation rows a float32 product goes through these kernels (`decoding.kernels.products.linear`);
 # beyond, their arithmetic starts to count and oneDNN's blocked products win (docs/precision.md).
@@ -90,7 +92,7 @@ def library() -> ctypes.CDLL | None:
         logger.info("no C compiler found: decoder steps use oneDNN's products")
         return None
     try:
-        sources = [source.read_bytes() for source in SOURCES]
+        sources = [source.read_bytes() for source in (*SOURCES, *HEADERS)]
         key = hashlib.sha256(b"\0".join([*sources, compiler.encode(), _cpu_flags().encode(),
                                          platform.machine().encode()])).hexdigest()[:16]
         target = _cache_root() / "native" / f"rowdot-{key}.so"

@@ -25,26 +25,11 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 
+#include "vector_exp.h"
+
 int encoder_attention_available(void) { return 1; }
 
 enum { D = 64, PAIRS = D / 2, ROWS = 8, GROUP = 4, TILE = 16 };
-
-/* e^x for x <= 0, 16 at a time (Cephes' expf polynomial after x = n ln 2 + r; relative error ~1e-7). */
-static inline __m512 exp16_attention(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
 
 /* Keys [L, 64] as tiles of 16: tiles[(t * PAIRS + p) * 16 + lane] = key t * 16 + lane's dimensions 2p, 2p + 1
  * (zero past L). Values [L, 64] as pairs: pairs[q * 64 + d] = value 2q's dimension d, then value 2q + 1's. */
@@ -100,7 +85,7 @@ static float exponentiate(float* s, int64_t L, int64_t padded, uint16_t* probs) 
   if (body < L) top16 = _mm512_mask_max_ps(top16, tail, top16, _mm512_maskz_loadu_ps(tail, s + body));
   __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top16)), total16 = _mm512_setzero_ps();
   for (int64_t i = 0; i < padded; i += TILE) {
-    __m512 e = exp16_attention(_mm512_sub_ps(_mm512_loadu_ps(s + i), shift));
+    __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), shift));
     if (i + TILE > L) e = _mm512_maskz_mov_ps(i < L ? tail : 0, e);
     total16 = _mm512_add_ps(total16, e);
     _mm256_storeu_si256((__m256i*)(probs + i), (__m256i)_mm512_cvtneps_pbh(e));
