@@ -31,7 +31,7 @@ from asr.options import TranscribeOptions
 from asr.transcription import transcribe
 from audio.load import load_audio
 from decoding.kernels import encoder_attention
-from eval.wer import error_counts
+from eval.wer import ErrorCounts, error_counts
 
 PARTS = ("calls", "windows", "words")
 FOLDERS = ("librispeech", "ljspeech", "fleurs", "clips", "spontaneous", "longform", "multilingual")
@@ -94,8 +94,7 @@ def words() -> dict:
         for group, english in (("english", True), ("other", False)):
             counts = [error_counts([item["text"]], [text], item["language"])
                       for item, text in zip(items, run["texts"]) if (item["language"] == "en") == english]
-            errors = sum(c.substitutions + c.deletions + c.insertions for c in counts)
-            summary[f"{mode}_wer_{group}"] = round(100 * errors / max(sum(c.reference_length for c in counts), 1), 2)
+            summary[f"{mode}_wer_{group}"] = round(100 * sum(counts, ErrorCounts()).rate, 2)
         summary[f"{mode}_seconds"] = round(run["seconds"], 2)
         summary[f"{mode}_encode_seconds"] = round(run["encode_seconds"], 2)
     summary["changed"] = [{"id": item["id"], "SDPA": a, "native": b} for item, a, b

@@ -122,3 +122,14 @@ def test_a_routed_encoder_gives_what_sdpa_gives_within_bfloat16(monkeypatch) -> 
 
 
 _real_attention = encoder_attention.attention
+
+
+def test_a_kernel_without_memory_is_a_memory_error_not_garbage(monkeypatch) -> None:
+    class Refusing:
+        def encoder_attention(self, *args) -> int:
+            return -1  # what the C function returns where its buffers cannot be allocated
+
+    monkeypatch.setattr(native, "library", lambda: Refusing())
+    q, k, v = _operands(1, 1, 5, seed=5)
+    with pytest.raises(MemoryError, match="no memory for the encoder attention"):
+        encoder_attention.attention(q, k, v, 0.125)
