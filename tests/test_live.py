@@ -165,6 +165,25 @@ def test_committed_words_are_where_two_hypotheses_agree_and_the_rest_comes_at_th
     assert stats["committed_words"] == len(words) and stats["latency_p90"] >= stats["latency_p50"] >= 0
 
 
+def test_hypotheses_agree_on_words_whatever_punctuation_and_case_surround_them(tiny, monkeypatch) -> None:
+    from asr.results import Word
+
+    def words(*texts: str) -> list[Word]:
+        return [Word(f" {t}", i * 0.5, i * 0.5 + 0.4, 1.0) for i, t in enumerate(texts)]
+
+    # What three updates hear: the first ends a sentence where the second, with more audio, goes on.
+    heard = iter([words("From", "fairest", "creatures."), words("from", "fairest", "creatures,", "we"),
+                  words("From", "fairest", "creatures,", "we", "desire")])
+    live = StreamingTranscriber(tiny, TranscribeOptions(language="en"), None, drafting=False)
+    monkeypatch.setattr(live, "_decode", lambda *args, **kwargs: (next(heard), []))
+    live.insert_audio(np.zeros(16000, dtype=np.float32))
+    assert live.process() == []
+    second = live.process()  # agreed whatever the case and the comma: the newer hypothesis's form is committed
+    assert [w.word for s in second for w in s.words] == [" from", " fairest", " creatures,"]
+    assert [w.word for s in live.process() for w in s.words] == [" we"]
+    assert live.pending_text == "desire"
+
+
 def test_a_window_that_fails_the_repetition_check_commits_nothing(tiny) -> None:
     audio = np.random.default_rng(5).normal(0, 0.1, 7 * 16000).astype(np.float32)
     committed = {}

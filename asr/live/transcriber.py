@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import unicodedata
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
@@ -350,7 +351,17 @@ def _without_fallback_warnings() -> Iterator[None]:
 
 
 def _key(word: Word) -> str:
-    return word.word.strip()
+    """A word as two hypotheses are compared: without the punctuation around it and case-folded. A word at the
+    buffer's end often ends a sentence ("use.") that the next update, hearing more, continues ("use, and"):
+    compared as written, the whole tail after it waited one more update (the stepped sonnets, int8, AMD EPYC:
+    latency 2.04 s mean, 3.23 s p90 as written; 1.75 s and 2.56 s so). The newer hypothesis's form is committed."""
+    text = word.word.strip()
+    start, end = 0, len(text)
+    while start < end and unicodedata.category(text[start]).startswith("P"):
+        start += 1
+    while end > start and unicodedata.category(text[end - 1]).startswith("P"):
+        end -= 1
+    return text[start:end].casefold()
 
 
 def _same(a: Word, b: Word) -> bool:
