@@ -313,3 +313,30 @@ def test_prompt_logits_outside_the_prompt_are_one_clear_error(fused: bool, monke
     assert decoder.prompt_takes_steps(4) == fused
     with pytest.raises(ValueError, match=r"^prompt_logits_at=-9 is outside a prompt of 4 tokens$"):
         generate(decoder, PROMPT[0, :4].tolist(), GenerationOptions(max_new_tokens=2, prompt_logits_at=-9))
+
+
+@pytest.mark.parametrize("seed, length", [(0, 6), (1, 70)])
+def test_an_int8_batchs_prompt_gives_each_row_its_windows_numbers_alone(seed: int, length: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a window's prompt alone runs in the int8 model's step (no AMX), a batch's prompt pass of fewer than
+    `MANY_ROWS` rows (prompts of different lengths, left-padded) multiplies row by row as the step does: each row
+    within float32 rounding of its window alone. Through bfloat16 products they were ~1.5e-3 apart, which flipped
+    a near tie in `asr serve`'s int8 answers."""
+    from asr.models.precision import quantize_model
+    from decoding.ragged import RaggedBatch
+
+    monkeypatch.setattr(native_step_module, "int8_prompts_here", lambda: True)
+    model = tiny_whisper(seed=seed)
+    encoder_output = _encoder_output(model, seed, batch=3)
+    model = quantize_model(model)
+    batched = WhisperDecoderAdapter(model, encoder_output)
+    batched.proj_out = lambda hidden: hidden
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 50257, (n,), generator=generator).tolist() for n in (length, length + 3, 2)]
+    got = RaggedBatch(batched, 3).feed(prompts, 1)[:, 0]
+    for row, prompt in enumerate(prompts):
+        alone = batched.rows([row])
+        alone._native_step = None
+        expected = alone.forward(torch.tensor([prompt]), alone.new_cache(1), 1)[0, 0]
+        assert alone._native_step.takes_prompts
+        assert (got[row] - expected).abs().max() < 1e-5 * expected.abs().max(), row

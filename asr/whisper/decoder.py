@@ -14,7 +14,7 @@ from asr.models.offload import offload_store
 from decoding.causal_lm import layer_norm_fn, linear_fn
 from decoding.kernels.graphed_step import graphed_steps
 from decoding.kernels.native_step import NativeStep
-from decoding.kernels.products import Attention, linear, prompt_pass
+from decoding.kernels.products import MANY_ROWS, Attention, linear, prompt_pass
 from decoding.kernels.screened_head import screened_head
 from decoding.kv_cache import StaticKVCache, causal_mask
 
@@ -148,9 +148,22 @@ class WhisperDecoderAdapter:
         if position_ids is None:
             position_ids = torch.arange(start, start + width, device=self.device).expand(batch, width)
         x = self.embed(input_ids, position_ids)
-        with prompt_pass(start == 0):
+        # A batch's prompt where each window's alone runs in the step (the int8 model without AMX): row by row, as
+        # the step computes it, not as a prompt's many rows through a bfloat16 product. Through bfloat16 a batch's
+        # rows were ~1e-3 from their windows' alone and flipped a near tie (a word of `asr serve`'s int8 answers);
+        # so they are as near as a float32 batch's. Only below MANY_ROWS rows in all: the layers' row-by-row
+        # products cost more as rows grow (AMD EPYC, `base`: 16 prompts of 4 tokens 97 ms against bfloat16's 123,
+        # of 15 tokens 306 against 202; 8 of 200 tokens 2.5 s against 0.77), so long prompts stay bfloat16.
+        alone = start == 0 and 1 < batch and batch * width < MANY_ROWS and self._prompts_in_step(width)
+        with prompt_pass(start == 0 and not alone):
             x = self.layers_over(x, cache, start, attention_mask)
         return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
+
+    def _prompts_in_step(self, width: int) -> bool:
+        """Whether a window's prompt of `width` tokens alone runs in the native step, row by row (the int8 model,
+        `adapter.span`, on a CPU without AMX: `native_step.int8_prompts_here`)."""
+        step = self._step() if self.span is not None else None
+        return step is not None and step.takes_prompts and width <= step.max_rows
 
     def _rows_step(self, input_ids: torch.Tensor, cache: StaticKVCache, start: int, attention_mask: torch.Tensor | None,
                    position_ids: torch.Tensor | None) -> torch.Tensor | None:
