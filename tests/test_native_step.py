@@ -315,13 +315,13 @@ def test_prompt_logits_outside_the_prompt_are_one_clear_error(fused: bool, monke
         generate(decoder, PROMPT[0, :4].tolist(), GenerationOptions(max_new_tokens=2, prompt_logits_at=-9))
 
 
-@pytest.mark.parametrize("seed, length", [(0, 6), (1, 70)])
+@pytest.mark.parametrize("seed, length", [(0, 6), (1, 120)])
 def test_an_int8_batchs_prompt_gives_each_row_its_windows_numbers_alone(seed: int, length: int,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where a window's prompt alone runs in the int8 model's step (no AMX), a batch's prompt pass of fewer than
-    `MANY_ROWS` rows (prompts of different lengths, left-padded) multiplies row by row as the step does: each row
-    within float32 rounding of its window alone. Through bfloat16 products they were ~1.5e-3 apart, which flipped
-    a near tie in `asr serve`'s int8 answers."""
+    """Where a window's prompt alone runs in the int8 model's step (no AMX), a batch's prompt pass (prompts of
+    different lengths, left-padded; 3 x 120 rows past `MANY_ROWS`) runs each row through its window's step: the
+    bits of each window alone, its keys and values in the row's slots. Through the layers' bfloat16 products they
+    were ~1.5e-3 apart, which flipped a near tie in `asr serve`'s int8 answers."""
     from asr.models.precision import quantize_model
     from decoding.ragged import RaggedBatch
 
@@ -333,10 +333,21 @@ def test_an_int8_batchs_prompt_gives_each_row_its_windows_numbers_alone(seed: in
     batched.proj_out = lambda hidden: hidden
     generator = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, 50257, (n,), generator=generator).tolist() for n in (length, length + 3, 2)]
-    got = RaggedBatch(batched, 3).feed(prompts, 1)[:, 0]
+    batch = RaggedBatch(batched, 3)
+    got = batch.feed(prompts, 1)[:, 0]
+    windows = []
     for row, prompt in enumerate(prompts):
         alone = batched.rows([row])
         alone._native_step = None
-        expected = alone.forward(torch.tensor([prompt]), alone.new_cache(1), 1)[0, 0]
+        cache = alone.new_cache(1)
+        expected = alone.forward(torch.tensor([prompt]), cache, 1)[0, 0]
         assert alone._native_step.takes_prompts
-        assert (got[row] - expected).abs().max() < 1e-5 * expected.abs().max(), row
+        assert torch.equal(got[row], expected), row
+        slots = torch.tensor(batch.slots[row])
+        assert torch.equal(batch.cache.keys[:, row, :, slots], cache.keys[:, 0, :, :len(prompt)])
+        assert torch.equal(batch.cache.values[:, row, :, slots], cache.values[:, 0, :, :len(prompt)])
+        windows.append((alone, cache))
+    # The step after it, every row in one native call over its slots (`rows_step`): each window's step alone.
+    got = batch.feed([[7], [8], [9]], 1)[:, 0]
+    for row, (alone, cache) in enumerate(windows):
+        assert torch.equal(got[row], alone.forward(torch.tensor([[7 + row]]), cache, 1)[0, 0]), row

@@ -14,7 +14,7 @@ from asr.models.offload import offload_store
 from decoding.causal_lm import layer_norm_fn, linear_fn
 from decoding.kernels.graphed_step import graphed_steps
 from decoding.kernels.native_step import NativeStep
-from decoding.kernels.products import MANY_ROWS, Attention, linear, prompt_pass
+from decoding.kernels.products import Attention, linear, prompt_pass
 from decoding.kernels.screened_head import screened_head
 from decoding.kv_cache import StaticKVCache, causal_mask
 
@@ -137,6 +137,10 @@ class WhisperDecoderAdapter:
             step = self._step()
             if step is not None and (start > 0 or step.takes_prompts) and step.applies(cache, width):  # causal
                 return self.proj_out(step(input_ids, cache, start, num_logits)[None]).float()
+        if native_step and isinstance(start, int) and start == 0 and batch > 1 and self._prompts_in_step(width):
+            logits = self._prompts_alone(input_ids, cache, num_logits, attention_mask, position_ids)
+            if logits is not None:
+                return logits
         if native_step and isinstance(start, int) and start > 0 and width == 1 and batch > 1:
             hidden = self._rows_step(input_ids, cache, start, attention_mask, position_ids)
             if hidden is not None:
@@ -148,20 +152,42 @@ class WhisperDecoderAdapter:
         if position_ids is None:
             position_ids = torch.arange(start, start + width, device=self.device).expand(batch, width)
         x = self.embed(input_ids, position_ids)
-        # A batch's prompt where each window's alone runs in the step (the int8 model without AMX): row by row, as
-        # the step computes it, not as a prompt's many rows through a bfloat16 product. Through bfloat16 a batch's
-        # rows were ~1e-3 from their windows' alone and flipped a near tie (a word of `asr serve`'s int8 answers);
-        # so they are as near as a float32 batch's. Only below MANY_ROWS rows in all: the layers' row-by-row
-        # products cost more as rows grow (AMD EPYC, `base`: 16 prompts of 4 tokens 97 ms against bfloat16's 123,
-        # of 15 tokens 306 against 202; 8 of 200 tokens 2.5 s against 0.77), so long prompts stay bfloat16.
-        alone = start == 0 and 1 < batch and batch * width < MANY_ROWS and self._prompts_in_step(width)
-        with prompt_pass(start == 0 and not alone):
+        with prompt_pass(start == 0):
             x = self.layers_over(x, cache, start, attention_mask)
         return self.proj_out(self.layer_norm(x[:, width - num_logits:])).float()
 
+    def _prompts_alone(self, input_ids: torch.Tensor, cache: StaticKVCache, num_logits: int,
+                       attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None) -> torch.Tensor | None:
+        """A batch's prompt pass (rows left-padded, an empty cache) as each window's alone, in its step, its keys
+        and values copied into its slots (the padding's zeroed, masked). Through the layers, a batch's rows took
+        bfloat16 products (~1e-3 off) and flipped a word of `asr serve`'s int8 answers. None: not such prompts."""
+        batch, width = input_ids.shape
+        lengths = []
+        for row in range(batch):
+            valid = attention_mask[row, 0, -1, :width].cpu() if attention_mask is not None else None
+            length = int(valid.sum()) if valid is not None else width
+            if length == 0 or valid is not None and not bool(valid[width - length:].all()):
+                return None
+            positions = position_ids[row, width - length:].cpu() if position_ids is not None else None
+            if positions is not None and not torch.equal(positions, torch.arange(length)):
+                return None
+            lengths.append(length)
+        logits, batch_step = None, self._step()
+        for row, length in enumerate(lengths):
+            own = self.new_cache(1)
+            own.ensure(length)
+            got = self.proj_out(batch_step.window(row)(input_ids[row:row + 1, width - length:], own, 0,
+                                                         min(num_logits, length))[None]).float()[0]
+            logits = got.new_zeros(batch, num_logits, got.shape[-1]) if logits is None else logits
+            logits[row, num_logits - len(got):] = got
+            for name in ("keys", "values"):
+                ours, theirs = getattr(cache, name), getattr(own, name)
+                ours[:, row, :, width - length:width] = theirs[:, 0, :, :length]
+                ours[:, row, :, :width - length] = 0
+        return logits
+
     def _prompts_in_step(self, width: int) -> bool:
-        """Whether a window's prompt of `width` tokens alone runs in the native step, row by row (the int8 model,
-        `adapter.span`, on a CPU without AMX: `native_step.int8_prompts_here`)."""
+        """Whether a window's prompt of `width` tokens alone runs in the step (the int8 model without AMX)."""
         step = self._step() if self.span is not None else None
         return step is not None and step.takes_prompts and width <= step.max_rows
 

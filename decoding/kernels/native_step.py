@@ -247,6 +247,21 @@ class NativeStep:
         step.scratch = torch.empty(0)
         return step
 
+    def window(self, row: int) -> "NativeStep":
+        """The step of the window that this batch's row `row` reads, alone: its keys and values where the batch's
+        lie (nothing copied), the bits `for_adapter` over that window alone gives."""
+        step = copy.copy(self)
+        step.layers = (native.StepLayer * len(self.layers))()
+        ctypes.memmove(step.layers, self.layers, ctypes.sizeof(step.layers))
+        window, size = int(self.windows[row]), 2 if self.model.cross_kind == native.WEIGHT_KINDS[torch.bfloat16] else 4
+        for entry in step.layers:
+            entry.cross_k += window * self.model.window_k * size
+            entry.cross_v += window * self.model.window_v * size
+        step.model = native.StepModel.from_buffer_copy(self.model)
+        step.model.layer = ctypes.cast(step.layers, ctypes.POINTER(native.StepLayer))
+        step.windows, step.scratch = torch.arange(1), torch.empty(0)
+        return step
+
     def applies(self, cache: StaticKVCache, width: int) -> bool:
         """Whether a pass of `width` new tokens over `cache` can run here (one row, contiguous buffers)."""
         return 0 < width <= self.max_rows and cache.keys.shape[1] == 1 and len(self.windows) == 1 \
