@@ -253,7 +253,8 @@ class NativeStep:
         step = copy.copy(self)
         step.layers = (native.StepLayer * len(self.layers))()
         ctypes.memmove(step.layers, self.layers, ctypes.sizeof(step.layers))
-        window, size = int(self.windows[row]), 2 if self.model.cross_kind == native.WEIGHT_KINDS[torch.bfloat16] else 4
+        kinds = {kind: dtype for dtype, kind in native.WEIGHT_KINDS.items()}
+        window, size = int(self.windows[row]), kinds[self.model.cross_kind].itemsize
         for entry in step.layers:
             entry.cross_k += window * self.model.window_k * size
             entry.cross_v += window * self.model.window_v * size
