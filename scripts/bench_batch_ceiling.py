@@ -5,6 +5,7 @@ encoder, cross-attention projections, language, word times), and the ceiling tha
     python scripts/bench_batch_ceiling.py                                  # -> docs/figures/batch-ceiling
     python scripts/bench_batch_ceiling.py --dtype int8 --out docs/figures/batch-ceiling-int8
     python scripts/bench_batch_ceiling.py --items eval --batch-size 8 --out docs/figures/batch-ceiling-eval
+    python scripts/bench_batch_ceiling.py --device cuda --dtype float16 --out /tmp/batch-ceiling-gpu   # a GPU
 
 `--items serve`: the 16 requests of `bench_serve.py` (English evaluation recordings of 10-30 s, client i sending
 recording i modulo their number), `--batch-size 16`, the assistant `auto` picks (what `asr serve` runs);
@@ -48,12 +49,20 @@ def _run(transcriber, paths: list[str], batch_size: int) -> dict:
     wall = time.perf_counter() - started
     decoder = sum(r.stats.decode_seconds for r in results)
     return {"wall_seconds": round(wall, 3), "decoder_seconds": round(decoder, 3),
-            "rest_seconds": round(wall - decoder, 3), "tokens": sum(r.stats.generation.generated_tokens for r in results),
+            "rest_seconds": round(wall - decoder, 3),
+            "tokens": sum(r.stats.generation.generated_tokens for r in results),
             "model_passes": sum(r.stats.generation.model_forward_passes for r in results),
             "assistant": results[0].stats.assistant, "texts": [r.text.strip() for r in results]}
 
 
-def _encoder_per_window(model, windows: int = 8) -> dict[str, float]:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _encoder_per_window(model, device: str, windows: int = 8) -> dict[str, float]:
+    """Seconds a window in passes of 1, 2, 4 and 8 windows (the best of 2; a CPU's `CPU_ENCODER_ROWS` set to each,
+    a GPU's passes made that size here)."""
     from asr.whisper import window as whisper_window
 
     features, rows_before = torch.randn(windows, 80, 3000), whisper_window.CPU_ENCODER_ROWS
@@ -64,29 +73,34 @@ def _encoder_per_window(model, windows: int = 8) -> dict[str, float]:
             for _ in range(2):
                 for rows in times:
                     whisper_window.CPU_ENCODER_ROWS = rows
+                    _sync(device)
                     started = time.perf_counter()
-                    whisper_window.encode(model, features)
+                    for first in range(0, windows, rows):  # a GPU encodes a whole call at once
+                        whisper_window.encode(model, features[first:first + rows])
+                    _sync(device)
                     times[rows].append((time.perf_counter() - started) / windows)
     finally:
         whisper_window.CPU_ENCODER_ROWS = rows_before
     return {str(rows): round(min(values), 4) for rows, values in times.items()}
 
 
-def _bandwidth() -> float:
-    """Bytes per second that a sum over 256 MB reads (the best of 5)."""
-    data, best = torch.ones(64 << 20), float("inf")
+def _bandwidth(device: str) -> float:
+    """Bytes per second that a sum over 256 MB on `device` reads (the best of 5)."""
+    data, best = torch.ones(64 << 20, device=device), float("inf")
     for _ in range(5):
+        _sync(device)
         started = time.perf_counter()
         data.sum()
+        _sync(device)
         best = min(best, time.perf_counter() - started)
     return data.numel() * data.element_size() / best
 
 
 def _cross_bytes(bundle) -> int:
     """The cross-attention keys and values one decoder row reads a step: every layer's, over the encoder's frames,
-    at the precision the native step keeps them (bfloat16 for the int8 model, float32 otherwise)."""
+    at the precision they are kept in (the int8 model's bfloat16, else the model's)."""
     config = bundle.model.config
-    itemsize = 2 if getattr(bundle.model, "cross_attention_dtype", None) == torch.bfloat16 else 4
+    itemsize = (getattr(bundle.model, "cross_attention_dtype", None) or bundle.model.dtype).itemsize
     return 2 * config.decoder_layers * config.max_source_positions * config.d_model * itemsize
 
 
@@ -94,7 +108,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", choices=("serve", "eval"), default="serve")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", help="`asr transcribe --dtype` (int8 on a CPU only)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(figure_path("batch-ceiling")))
@@ -106,8 +121,8 @@ def main() -> None:
 
     paths = _paths(args.items)
     found = machine()
-    bundle, assistant = load_pair("base", "auto" if args.items == "serve" else "none",
-                                  dtype=resolve_precision(args.dtype, "cpu"))
+    bundle, assistant = load_pair("base", "auto" if args.items == "serve" else "none", device=args.device,
+                                  dtype=resolve_precision(args.dtype, args.device.split(":")[0]))
     options = TranscribeOptions(language="en") if args.items == "eval" else TranscribeOptions()
     transcriber = Transcriber(bundle, options, assistant=assistant)
     transcriber.transcribe_many(paths[:2], batch_size=2)  # warm up both paths' kernels
@@ -118,9 +133,10 @@ def main() -> None:
             a == b for a, b in zip(one.pop("texts"), many.pop("texts")))})
         print(f"round {number + 1}: one at a time {one['wall_seconds']:.1f} s (decoder {one['decoder_seconds']:.1f}),"
               f" batched {many['wall_seconds']:.1f} s (decoder {many['decoder_seconds']:.1f})", flush=True)
-    bandwidth = _bandwidth()
+    bandwidth = _bandwidth(args.device)
     data = {"items": args.items, "recordings": len(paths), "batch_size": args.batch_size, "dtype": args.dtype,
-            "rounds": rounds, "encoder_seconds_per_window": _encoder_per_window(bundle.model),
+            "device": args.device, "rounds": rounds,
+            "encoder_seconds_per_window": _encoder_per_window(bundle.model, args.device),
             "bandwidth_gb_s": round(bandwidth / 1e9, 1), "cross_mb_per_row_step": round(_cross_bytes(bundle) / 1e6, 1)}
     write_figures(args.out, data, _table(data), command_line(), found)
     print(_table(data))
@@ -133,10 +149,12 @@ def _median(rounds: list[dict], mode: str, key: str) -> float:
 def _table(data: dict) -> str:
     rounds, size = data["rounds"], data["batch_size"]
     modes = (("one at a time", "one_at_a_time"), (f"batches of {size}", "batched"))
-    lines = [f"{data['recordings']} recordings (`--items {data['items']}`), `base` ({data['dtype']}), "
+    device = f", {data['device']}" if data.get("device", "cpu") != "cpu" else ""
+    lines = [f"{data['recordings']} recordings (`--items {data['items']}`), `base` ({data['dtype']}{device}), "
              f"assistant `{rounds[0]['one_at_a_time']['assistant']}` alone, medians of {len(rounds)} interleaved "
              "rounds in one process:", "",
-             "| | wall s | decoder s | the rest s | tokens | model passes |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| | wall s | decoder s | the rest s | tokens | model passes |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for label, mode in modes:
         lines.append(f"| {label} | {_median(rounds, mode, 'wall_seconds'):.2f} | "
                      f"{_median(rounds, mode, 'decoder_seconds'):.2f} | {_median(rounds, mode, 'rest_seconds'):.2f} | "

@@ -4,6 +4,7 @@ a time; every answer checked against `transcribe`'s words, and the server's memo
     python scripts/bench_serve.py                                    # -> docs/figures/serve.{json,md}
     python scripts/bench_serve.py --model tiny.en --memory 1000 --rounds 0 --out docs/figures/serve-memory
     python scripts/bench_serve.py --dtype int8 --out docs/figures/serve-int8
+    python scripts/bench_serve.py --device cuda --dtype float16 --out /tmp/serve-gpu          # on a GPU
 
 A round: the requests one at a time (each waits for the last answer), then all of them at once from
 `--clients` threads; rounds interleave the two so that both see the same machine. The requests: English
@@ -39,20 +40,21 @@ def _recordings() -> list[dict]:
     return items
 
 
-def _reference_texts(model: str, dtype: str, paths: list[str], threads: int) -> list[str]:
+def _reference_texts(model: str, dtype: str, device: str, paths: list[str], threads: int) -> list[str]:
     from asr.assist.choose import load_pair
     from asr.models.precision import resolve_precision
     from asr.transcription import Transcriber
 
     use_threads(threads)
-    bundle, assistant = load_pair(model, "auto", dtype=resolve_precision(dtype, "cpu"))
+    bundle, assistant = load_pair(model, "auto", device=device, dtype=resolve_precision(dtype, device.split(":")[0]))
     transcriber = Transcriber(bundle, assistant=assistant)
     return [transcriber.transcribe_many([path], batch_size=1)[0].text.strip() for path in paths]
 
 
-def _start_server(model: str, dtype: str, threads: int, max_batch: int) -> tuple[subprocess.Popen, str]:
+def _start_server(model: str, dtype: str, device: str, threads: int, max_batch: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "asr", "serve", "--model", model, "--dtype", dtype,
+                                "--device", device,
                                 "--port", str(port), "--threads", str(threads), "--max-batch", str(max_batch),
                                 "--max-queue", "256",
                                 "--log-level", "warning"], cwd=REPO)
@@ -107,6 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="base")
     parser.add_argument("--dtype", default="float32", help="the model's precision (`asr serve --dtype`)")
+    parser.add_argument("--device", default="cpu", help="`asr serve --device` (cpu, cuda, cuda:N)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -119,11 +122,12 @@ def main() -> None:
     items = _recordings()
     paths = [items[i % len(items)]["audio"] for i in range(args.clients)]
     seconds = sum(items[i % len(items)]["duration_s"] for i in range(args.clients))
-    expected = _reference_texts(args.model, args.dtype, paths, args.threads) if args.rounds else []
+    expected = _reference_texts(args.model, args.dtype, args.device, paths, args.threads) if args.rounds else []
     found = machine()
-    process, url = _start_server(args.model, args.dtype, args.threads, args.max_batch)
+    process, url = _start_server(args.model, args.dtype, args.device, args.threads, args.max_batch)
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600)
-    data: dict = {"model": args.model, "dtype": args.dtype, "clients": args.clients, "max_batch": args.max_batch,
+    data: dict = {"model": args.model, "dtype": args.dtype, "device": args.device, "clients": args.clients,
+                  "max_batch": args.max_batch,
                   "audio_seconds": round(seconds, 2), "recordings": sorted({Path(p).name for p in paths}), "rounds": []}
     try:
         _ask(client, paths[0])  # warm up: the first pass of each kernel
@@ -170,7 +174,7 @@ def _table(data: dict) -> str:
         exact = all(r["serial_exact"] and r["concurrent_exact"] for r in rounds)
         audio = data["audio_seconds"]
         lines += [f"{data['clients']} requests of 10-30 s ({audio:.0f} s of audio), `{data['model']}` "
-                  f"({data.get('dtype', 'float32')}), "
+                  f"({data.get('dtype', 'float32')}{', ' + data['device'] if data.get('device', 'cpu') != 'cpu' else ''}), "
                   f"--max-batch {data['max_batch']}, median of {len(rounds)} interleaved rounds:", "",
                   "| | wall s | audio s per s | latency p50 s | latency p99 s | answers = `transcribe` |",
                   "| --- | --- | --- | --- | --- | --- |",
