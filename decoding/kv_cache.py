@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +18,8 @@ class StaticKVCache:
     keys: torch.Tensor
     values: torch.Tensor
     length: int = 0
+    # Buffers a gathering `select` let go of, reused by the next one of the same shape (beams).
+    spares: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def empty(cls, layers: int, batch_size: int, heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
@@ -60,8 +62,31 @@ class StaticKVCache:
         self.length = min(self.length, length)
 
     def select(self, rows: torch.Tensor) -> None:
-        self.keys = self.keys[:, rows]
-        self.values = self.values[:, rows]
+        """Keeps (reorders, repeats) the batch rows `rows`, copying only their filled slots. Rows kept in order (a
+        batch whose windows finish) move forward within the buffers; any other choice (beams) is gathered into the
+        buffers the last such choice left, where they fit. A fresh buffer's pages cost more than the copy: a beam
+        reorders its rows at most steps, and a batch sheds rows as its windows end (on a GPU, whose allocator keeps
+        freed memory, a batch's rows are gathered too: one copy, not one per layer and row). Slots past `length` keep
+        whatever finite values they held (masked wherever they are read)."""
+        order = [int(r) for r in rows.tolist()]
+        in_order = all(a < b for a, b in zip(order, order[1:]))
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            layers, batch, shape = old.shape[0], old.shape[1], (old.shape[0], len(order), *old.shape[2:])
+            if in_order and old.is_contiguous() and old.device.type == "cpu":
+                # Row r of layer l moves from chunk l * batch + r to l * len(order) + i, never later: walking
+                # forward, no chunk is written before it is read.
+                kept = old.view(-1)[:old[0, 0].numel() * layers * len(order)].view(shape)
+                for layer in range(layers):
+                    for i, r in enumerate(order):
+                        if layer * batch + r != layer * len(order) + i:
+                            kept[layer, i, :, :self.length] = old[layer, r, :, :self.length]
+            else:
+                spare = self.spares.pop(name, None)
+                kept = spare if spare is not None and spare.shape == shape else old.new_zeros(shape)
+                kept[:, :, :, :self.length] = old[:, rows.to(old.device), :, :self.length]
+                self.spares[name] = old
+            setattr(self, name, kept)
 
 
 def causal_mask(start: int, width: int, device: torch.device, slots: int | None = None) -> torch.Tensor:
