@@ -184,6 +184,34 @@ def test_hypotheses_agree_on_words_whatever_punctuation_and_case_surround_them(t
     assert live.pending_text == "desire"
 
 
+def test_new_words_begin_after_the_committed_words_heard_again_not_at_a_time(tiny, monkeypatch) -> None:
+    from asr.results import Word
+
+    def words(*spans: tuple[str, float, float]) -> list[Word]:
+        return [Word(f" {t}", start, end, 1.0) for t, start, end in spans]
+
+    # VoxPopuli, base, 2026-12-08: "significantly" committed with a span drawn over the next word, which the
+    # later updates hear: by time alone "reduced" (63.14 s) started before the committed end and was lost.
+    heard = iter([words(("has", 61.5, 62.1), ("been", 62.2, 62.3), ("significantly", 62.3, 63.3)),
+                  words(("has", 61.5, 62.1), ("been", 62.2, 62.3), ("significantly", 62.3, 63.3)),
+                  words(("been", 62.2, 62.3), ("significantly", 62.3, 63.1), ("reduced", 63.1, 64.1),
+                        ("but", 64.1, 65.6)),
+                  words(("significantly", 62.3, 63.1), ("reduced", 63.1, 64.1), ("but", 64.1, 65.6))])
+    live = StreamingTranscriber(tiny, TranscribeOptions(language="en"), None, drafting=False)
+    monkeypatch.setattr(live, "_decode", lambda *args, **kwargs: (next(heard), []))
+    live.insert_audio(np.zeros(16000, dtype=np.float32))
+    committed = live.process() + live.process() + live.process() + live.process()
+    assert [w.word.strip() for s in committed for w in s.words] == ["has", "been", "significantly", "reduced",
+                                                                    "but"]
+
+    # The sonnets: the buffer cut at 76.36 s inside the committed "say" (to 76.44 s); its tail, heard again at
+    # the new buffer's head, is no new word, and the words after it are.
+    live = StreamingTranscriber(tiny, TranscribeOptions(language="en"), None, drafting=False)
+    live._commit(words(("to", 76.0, 76.1), ("say", 76.1, 76.44)))
+    after = live._after_committed(words(("day", 76.36, 76.48), ("within", 76.48, 76.86), ("thy", 76.86, 77.2)))
+    assert [w.word.strip() for w in after] == ["within", "thy"]
+
+
 def test_a_window_that_fails_the_repetition_check_commits_nothing(tiny) -> None:
     audio = np.random.default_rng(5).normal(0, 0.1, 7 * 16000).astype(np.float32)
     committed = {}

@@ -281,9 +281,21 @@ class StreamingTranscriber:
         return [w for w in self._committed_words if w.end <= self._buffer_start + 0.01]
 
     def _after_committed(self, words: list[Word]) -> list[Word]:
-        """The hypothesis's words that are not committed yet: those that start after the committed end, less
-        a repeat of the committed text's last words at their head (whisper_streaming's rules)."""
+        """The hypothesis's words that are not committed yet: those after the committed text's last words where
+        the hypothesis says them again (ending within a second of the committed end); else those that start
+        after the committed end, less a repeat of the committed text's last words at their head
+        (whisper_streaming's rules). Times alone lose a word when a committed word's span was drawn too long:
+        "significantly" committed over 62.34-63.34 s before "reduced" (63.14 s) was heard hid "reduced"."""
+        tail = [_key(w) for w in self._committed_words[-5:]]
+        keys = [_key(w) for w in words]
+        for n in range(len(tail), 0, -1):
+            found = [i + n for i in range(len(keys) - n + 1) if keys[i:i + n] == tail[-n:]
+                     and abs(words[i + n - 1].end - self._committed_end) < 1.0]
+            if found:
+                return words[min(found, key=lambda at: abs(words[at - 1].end - self._committed_end)):]
         new = [w for w in words if w.start > self._committed_end - 0.1]
+        while new and min(new[0].end, self._committed_end) - new[0].start > 0.5 * (new[0].end - new[0].start):
+            new.pop(0)  # mostly within the committed last word: its tail heard again, after a cut inside it
         if new and self._committed_words and abs(new[0].start - self._committed_end) < 1.0:
             for n in range(min(len(self._committed_words), len(new), 5), 0, -1):
                 tail = [_key(w) for w in self._committed_words[-n:]]
