@@ -284,8 +284,9 @@ class StreamingTranscriber:
         """The hypothesis's words that are not committed yet: those after the committed text's last words where
         the hypothesis says them again (ending within a second of the committed end); else those that start
         after the committed end, less a repeat of the committed text's last words at their head
-        (whisper_streaming's rules). Times alone lose a word when a committed word's span was drawn too long:
-        "significantly" committed over 62.34-63.34 s before "reduced" (63.14 s) was heard hid "reduced"."""
+        (whisper_streaming's rules). Times alone lose the word after a committed word whose span was drawn too
+        long: "significantly", committed over 62.34-63.34 s before the next word was heard, hid "reduced" (from
+        63.14 s) from every later update."""
         tail = [_key(w) for w in self._committed_words[-5:]]
         keys = [_key(w) for w in words]
         for n in range(len(tail), 0, -1):
