@@ -20,17 +20,9 @@ import argparse
 import time
 
 import numpy as np
-from benchlib import (command_line, figure_path, load, longform_rows, sonnets, sonnets_reference, use_threads,
-                      write_figures)
+from benchlib import command_line, figure_path, longform_audio, use_threads, wer_percent, write_figures
 
 FILES = ("sonnets", "voxpopuli-en-000.ogg")
-
-
-def _audio(name: str) -> tuple[np.ndarray, str]:
-    """A file's samples and reference text ("sonnets": the three sonnets joined)."""
-    if name == "sonnets":
-        return sonnets(), sonnets_reference()
-    return load(f"longform/{name}"), longform_rows()[name]["text"]
 
 
 def _streams(bundle, samples: np.ndarray, assistant, drafting: list[bool], step: float, realtime: bool,
@@ -62,14 +54,6 @@ def _streams(bundle, samples: np.ndarray, assistant, drafting: list[bool], step:
     return found
 
 
-def _wer(reference: str, hypothesis: str) -> float:
-    import jiwer
-
-    from eval.normalize import normalize
-
-    return 100 * jiwer.wer(normalize(reference), normalize(hypothesis))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", nargs="+", default=list(FILES), help="files of longform/")
@@ -97,10 +81,10 @@ def main() -> None:
     runs = [run == "realtime" for run in ("stepped", "realtime") if run in args.runs.split(",")]
     results = []
     for name in args.files:
-        samples, reference = _audio(name)
+        samples, reference = longform_audio(name)
         offline = transcribe(bundle, samples, TranscribeOptions(language="en")).text
         found = {"file": name, "seconds": round(len(samples) / 16000, 1),
-                 "offline_wer": round(_wer(reference, offline), 2)}
+                 "offline_wer": round(wer_percent(reference, offline), 2)}
         texts = {}
         for realtime in runs:
             labels = (("none", False), ("drafting", True))
@@ -111,7 +95,7 @@ def main() -> None:
             for (label, _), (text, stats) in zip(labels, streams):
                 key = f"{'realtime' if realtime else 'stepped'}_{label}"
                 texts[key] = text
-                found[key] = {**stats, "wer": round(_wer(reference, text), 2)}
+                found[key] = {**stats, "wer": round(wer_percent(reference, text), 2)}
                 print(name, key, {k: found[key][k] for k in ("wer", "compute_per_audio_second", "latency_mean",
                                                              "latency_p90", "decoder_seconds_per_update")}, flush=True)
         if "stepped_none" in texts:

@@ -19,8 +19,7 @@ import statistics
 from typing import Iterator
 
 import numpy as np
-from benchlib import command_line, figure_path, load, longform_rows, sonnets, sonnets_reference, use_threads, \
-    write_figures
+from benchlib import SAMPLE_RATE, command_line, figure_path, longform_audio, use_threads, wer_percent, write_figures
 
 FILES = ("sonnets", "voxpopuli-en-000.ogg")
 
@@ -29,7 +28,7 @@ def _chunks(samples: np.ndarray, step: float, seed: int) -> Iterator[np.ndarray]
     """Schedule 0: every `step` seconds; another: every 1.0-1.8 s at random from `seed`."""
     rng, at = random.Random(seed), 0
     while at < len(samples):
-        size = int((step if seed == 0 else rng.uniform(1.0, 1.8)) * 16000)
+        size = int((step if seed == 0 else rng.uniform(1.0, 1.8)) * SAMPLE_RATE)
         yield samples[at:at + size]
         at += size
 
@@ -45,22 +44,19 @@ def main() -> None:
     args = parser.parse_args()
     use_threads(args.threads)
 
-    import jiwer
     import torch
 
     from asr.live import StreamingTranscriber
     from asr.models.registry import load_model
     from asr.options import TranscribeOptions
     from asr.transcription import transcribe
-    from eval.normalize import normalize
 
     bundle = load_model("base", dtype=torch.float32 if args.dtype == "float32" else "int8")
     results = []
     for name in args.files:
-        samples, reference = ((sonnets(), sonnets_reference()) if name == "sonnets"
-                              else (load(f"longform/{name}"), longform_rows()[name]["text"]))
+        samples, reference = longform_audio(name)
         offline = transcribe(bundle, samples, TranscribeOptions(language="en")).text
-        found = {"file": name, "offline_wer": round(100 * jiwer.wer(normalize(reference), normalize(offline)), 2),
+        found = {"file": name, "offline_wer": round(wer_percent(reference, offline), 2),
                  "schedules": []}
         for seed in range(args.schedules):
             live = StreamingTranscriber(bundle, TranscribeOptions(language="en"), None, drafting=True)
@@ -71,7 +67,7 @@ def main() -> None:
             text = "".join(segment.text for segment in live.committed)
             stats = live.stats.to_dict()
             found["schedules"].append({"seed": seed, "updates": stats["updates"],
-                                       "wer": round(100 * jiwer.wer(normalize(reference), normalize(text)), 2),
+                                       "wer": round(wer_percent(reference, text), 2),
                                        "latency_mean": stats["latency_mean"], "latency_p90": stats["latency_p90"]})
             print(name, found["schedules"][-1], flush=True)
         found["mean_wer"] = round(statistics.mean(s["wer"] for s in found["schedules"]), 2)

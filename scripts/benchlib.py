@@ -36,9 +36,9 @@ SONNETS = ("p001.mp3", "p002.mp3", "p003.mp3")
 VOXPOPULI = "voxpopuli-en-000.ogg"
 
 __all__ = ["EVALDATA", "FIGURES", "REPO", "SAMPLE_RATE", "SONNETS", "VOXPOPULI", "command_line", "figure_path",
-           "figure_stem", "free_port", "load", "longform_rows", "machine", "machine_line", "markdown_page",
+           "figure_stem", "free_port", "load", "longform_audio", "longform_rows", "machine", "machine_line", "markdown_page",
            "read_figures", "rewrite_markdown", "sonnets", "sonnets_reference", "timed", "use_threads", "wer_items",
-           "write_figures"]
+           "wer_percent", "write_figures"]
 
 
 # --- timing -------------------------------------------------------------------------------------------------
@@ -112,6 +112,23 @@ def sonnets_reference() -> str:
     """The words of the three sonnets (each one's `text_body`, without the reader's announcements), joined."""
     rows = longform_rows()
     return " ".join(rows[name]["text_body"] for name in SONNETS)
+
+
+def longform_audio(name: str):
+    """A file of `longform/` as 16 kHz float32 samples and its reference text ("sonnets": the three joined, their
+    words without the reader's announcements)."""
+    if name == "sonnets":
+        return sonnets(), sonnets_reference()
+    return load(Path("longform") / name), longform_rows()[name]["text"]
+
+
+def wer_percent(reference: str, hypothesis: str) -> float:
+    """Word error rate in percent, both texts normalised as `asr eval` does (`eval.normalize`)."""
+    import jiwer
+
+    from eval.normalize import normalize
+
+    return 100 * jiwer.wer(normalize(reference), normalize(hypothesis))
 
 
 def wer_items(folders: Iterable[str], max_seconds: float | None = None, language: str | None = "en",

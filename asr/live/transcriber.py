@@ -298,9 +298,8 @@ class StreamingTranscriber:
         while new and min(new[0].end, self._committed_end) - new[0].start > 0.5 * (new[0].end - new[0].start):
             new.pop(0)  # mostly within the committed last word: its tail heard again, after a cut inside it
         if new and self._committed_words and abs(new[0].start - self._committed_end) < 1.0:
-            for n in range(min(len(self._committed_words), len(new), 5), 0, -1):
-                tail = [_key(w) for w in self._committed_words[-n:]]
-                if tail == [_key(w) for w in new[:n]]:
+            for n in range(min(len(tail), len(new)), 0, -1):
+                if tail[-n:] == [_key(w) for w in new[:n]]:
                     return new[n:]
         return new
 
