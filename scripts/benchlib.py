@@ -36,9 +36,9 @@ SONNETS = ("p001.mp3", "p002.mp3", "p003.mp3")
 VOXPOPULI = "voxpopuli-en-000.ogg"
 
 __all__ = ["EVALDATA", "FIGURES", "REPO", "SAMPLE_RATE", "SONNETS", "VOXPOPULI", "command_line", "figure_path",
-           "figure_stem", "free_port", "load", "longform_audio", "longform_rows", "machine", "machine_line", "markdown_page",
-           "read_figures", "rewrite_markdown", "sonnets", "sonnets_reference", "timed", "use_threads", "wer_items",
-           "wer_percent", "write_figures"]
+           "figure_stem", "free_port", "load", "longform_audio", "longform_rows", "machine", "machine_line",
+           "markdown_page", "read_figures", "rewrite_markdown", "sonnets", "sonnets_reference", "timed",
+           "use_threads", "wer_items", "wer_percent", "write_figures"]
 
 
 # --- timing -------------------------------------------------------------------------------------------------
